@@ -1,0 +1,43 @@
+"""harness: exact ratio-split data parallelism for Keras, and the harness that proves it.
+
+Only pure-Python pieces are imported eagerly; anything that needs TensorFlow
+is loaded on first use, so ``import harness`` and ``harness --help`` stay fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.split import split_batch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "split_batch",
+    "use_logical_devices",
+    "parallelize",
+    "multi_gpu_model",
+    "compare_training",
+    "assert_equivalent",
+    "EquivalenceReport",
+]
+
+_LAZY = {
+    "use_logical_devices": "harness.devices",
+    "parallelize": "harness.parallel",
+    "multi_gpu_model": "harness.parallel",
+    "compare_training": "harness.equivalence",
+    "EquivalenceReport": "harness.equivalence",
+    "assert_equivalent": "harness.testing",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(__all__)

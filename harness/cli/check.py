@@ -1,0 +1,129 @@
+"""``harness check``: is parallel training exact here, and what does each method cost?
+
+For each model and method it trains single-device vs parallel from the same
+start (``compare_training``) and prints the worst deviation; then it times
+training steps of single-device, towers and mirrored on the same devices.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from harness.split import split_batch, validate_ratios
+from harness.workloads.small import EQUIVALENCE_MODELS
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "check",
+        help="equivalence and step time of towers/mirrored vs one device",
+        description=__doc__,
+        formatter_class=lambda prog: __import__("argparse").RawDescriptionHelpFormatter(prog),
+    )
+    p.add_argument("--devices", nargs="+", metavar="DEV",
+                   help="device names (e.g. /gpu:0 /gpu:1); default: --logical-cpus logical CPUs")
+    p.add_argument("--logical-cpus", type=int, default=3, metavar="N",
+                   help="split the CPU into N logical devices when --devices is not given (default 3)")
+    p.add_argument("--ratios", nargs="+", type=float, default=[5, 3, 2], metavar="R",
+                   help="per-device shares of each batch (default 5 3 2)")
+    p.add_argument("--models", nargs="+", choices=EQUIVALENCE_MODELS, default=list(EQUIVALENCE_MODELS))
+    p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=["towers", "mirrored"])
+    p.add_argument("--batch-size", type=int, default=20, help="global batch size (default 20)")
+    p.add_argument("--samples", type=int, default=62,
+                   help="training samples; 62 at batch 20 ends on a partial batch of 2 (default 62)")
+    p.add_argument("--optimizer", default="sgd", help="Keras optimizer name (default sgd)")
+    p.add_argument("--tol", type=float, default=1e-6, help="largest accepted deviation (default 1e-6)")
+    p.add_argument("--time-steps", type=int, default=20, metavar="N",
+                   help="timed training steps per method, 0 to skip timing (default 20)")
+    p.add_argument("--time-batch", type=int, default=256, help="global batch for timing (default 256)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.set_defaults(run=run)
+
+
+def _devices(args) -> list[str]:
+    from harness.devices import resolve_devices, use_logical_devices
+
+    if args.devices:
+        return resolve_devices(args.devices)
+    return use_logical_devices(args.logical_cpus)
+
+
+def _say(args, text: str) -> None:
+    if not args.json:
+        print(text, flush=True)
+
+
+def run(args) -> int:
+    if args.batch_size <= 0 or args.samples <= 0:
+        raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
+    devices = _devices(args)
+    ratios = validate_ratios(args.ratios, len(devices))
+    _say(args, f"devices {devices}, ratios {list(ratios)}: batch {args.batch_size} -> "
+               f"{list(split_batch(args.batch_size, ratios))}, last batch {args.samples % args.batch_size or '-'}")
+    checks = _equivalence(args, devices, ratios)
+    timings = _timings(args, devices, ratios) if args.time_steps > 0 else []
+    failed = [c for c in checks if not c["passed"]]
+    if args.json:
+        json.dump({"devices": devices, "ratios": list(ratios), "equivalence": checks, "step_time": timings},
+                  sys.stdout, indent=2)
+        print()
+    else:
+        print(f"{len(checks) - len(failed)} of {len(checks)} checks within tol {args.tol:g}")
+    return 1 if failed else 0
+
+
+def _equivalence(args, devices, ratios) -> list[dict]:
+    from harness.equivalence import compare_training
+    from harness.workloads import small
+
+    _say(args, f"\n{'model':<10} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
+    rows = []
+    for name in args.models:
+        x, y, sw = small.make_data(name, args.samples)
+        for method in args.methods:
+            report = compare_training(
+                lambda name=name: small.build(name), x, y, devices=devices, ratios=ratios, method=method,
+                batch_size=args.batch_size, optimizer=args.optimizer, loss="sparse_categorical_crossentropy",
+                metrics=["accuracy"], sample_weight=sw,
+            )
+            ok = report.is_equivalent(args.tol)
+            rows.append({"model": name, "method": method, "max_deviation": report.max_deviation,
+                         "max_loss_deviation": report.max_loss_deviation, "steps": report.steps, "passed": ok})
+            _say(args, f"{name:<10} {method:<9} {report.max_deviation:>10.2e} {report.max_loss_deviation:>10.2e}  "
+                       f"{'ok' if ok else 'FAIL'}")
+            if not ok:
+                _say(args, report.table(5))
+    return rows
+
+
+def _timings(args, devices, ratios) -> list[dict]:
+    import keras
+
+    from harness.measure import time_train_steps
+    from harness.parallel import parallelize
+    from harness.workloads import small
+
+    _say(args, f"\nstep time, batch {args.time_batch}, median of {args.time_steps} steps (logical devices share "
+               f"the same cores: this measures overhead, not speed-up)")
+    _say(args, f"{'model':<10} {'single ms':>10} {'towers ms':>10} {'mirrored ms':>12} {'towers/1':>9} {'mirr/1':>7}")
+    rows = []
+    for name in args.models:
+        x, y, _ = small.make_data(name, args.time_batch)
+        times = {}
+        for method in ("single", "towers", "mirrored"):
+            model = small.build(name)
+            if method != "single":
+                model = parallelize(model, devices, ratios=ratios, method=method)
+            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss="sparse_categorical_crossentropy")
+            times[method] = time_train_steps(model, x, y, batch_size=args.time_batch, steps=args.time_steps)
+        row = {"model": name, **{f"{m}_ms": t.median * 1e3 for m, t in times.items()},
+               **{f"{m}_spread": t.spread for m, t in times.items()}}
+        rows.append(row)
+        single = times["single"].median
+        _say(args, f"{name:<10} {single * 1e3:>10.2f} {times['towers'].median * 1e3:>10.2f} "
+                   f"{times['mirrored'].median * 1e3:>12.2f} {times['towers'].median / single:>9.2f} "
+                   f"{times['mirrored'].median / single:>7.2f}")
+    return rows

@@ -1,0 +1,119 @@
+"""Exact data parallelism for Keras models: ``parallelize`` and ``multi_gpu_model``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from harness.split import validate_ratios
+
+__all__ = ["parallelize", "multi_gpu_model"]
+
+_METHODS = ("towers", "mirrored")
+
+
+def parallelize(
+    model,
+    devices: int | Sequence[str | int],
+    ratios: Sequence[float] | None = None,
+    method: str = "mirrored",
+    sync_batchnorm: bool = True,
+    merge_device: str | None = None,
+):
+    """Wraps a built Keras model so each batch is split over devices by ratios.
+
+    The returned model is compiled, fitted, evaluated and predicted with like
+    any Keras model; every step equals the single-device step on the whole
+    batch (dropout and other randomness aside). ``model`` keeps the trained
+    weights after ``fit``, and saving writes it as a plain Keras model.
+
+    Args:
+        model: a built ``keras.Model`` (Functional, Sequential or subclassed).
+        devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
+            for the first N GPUs (the first N logical CPUs without a GPU).
+        ratios: one positive number per device; ``None`` splits evenly.
+        method: ``"mirrored"`` (``tf.distribute.MirroredStrategy``) or
+            ``"towers"`` (one graph, variables on one device).
+        sync_batchnorm: BatchNormalization statistics and moving averages of
+            the whole batch, weighted by sample counts (exact). ``False`` keeps
+            per-device statistics.
+        merge_device: where tower outputs are merged and the loss is computed;
+            defaults to the first device.
+
+    Returns:
+        A ``keras.Model`` to ``compile`` and ``fit``.
+
+    Raises:
+        TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
+        ValueError: unbuilt model, unknown method or devices, invalid ratios.
+
+    Example:
+        >>> import harness, keras
+        >>> devices = harness.use_logical_devices(2)
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> parallel = harness.parallelize(model, devices, ratios=[3, 2])
+        >>> parallel.compile(optimizer="sgd", loss="mse")
+    """
+    import keras
+
+    from harness.devices import resolve_devices
+
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {list(_METHODS)}; got method={method!r}")
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"model must be a keras.Model; got {type(model).__name__}")
+    if not model.built:
+        raise ValueError(
+            f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
+        )
+    names = resolve_devices(devices)
+    ratios = validate_ratios([1.0] * len(names) if ratios is None else ratios, len(names))
+    merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
+    if method == "towers":
+        from harness.parallel.towers import TowersModel as cls
+    else:
+        from harness.parallel.mirrored import MirroredModel as cls
+    return cls(model, names, ratios, sync_batchnorm, merge)
+
+
+def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_relocation: bool = False):
+    """Drop-in for Keras 2.2's ``multi_gpu_model`` and seed 000's ratio version.
+
+    Builds the towers design (one graph, variables on one device). Without a
+    GPU, ``gpus`` counts logical CPU devices instead, so the same code runs on
+    a CPU-only machine.
+
+    Args:
+        model: a built Keras model.
+        gpus: an int N >= 2 (GPUs 0..N-1) or a list of GPU ids ``[0, 1]``.
+        ratios: per-GPU shares of each batch, e.g. ``[3, 2]``; ``None`` is even.
+        cpu_merge: merge tower outputs (and compute the loss) on the CPU.
+        cpu_relocation: accepted for compatibility; variables already live
+            with ``model`` (on the device it was built on).
+
+    Returns:
+        The parallel model.
+
+    Raises:
+        ValueError: ``gpus`` below 2, more GPUs than present, bad ratios.
+
+    Example:
+        >>> parallel = harness.multi_gpu_model(model, gpus=[0, 1], ratios=[3, 2])
+    """
+    import tensorflow as tf
+
+    from harness.devices import resolve_devices
+
+    del cpu_relocation  # variables are never copied: they stay where the template built them
+    has_gpu = bool(tf.config.list_logical_devices("GPU"))
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, list, tuple)):
+        raise TypeError(f"gpus must be an int or a list of GPU ids; got gpus={gpus!r}")
+    if isinstance(gpus, int):
+        if gpus < 2:
+            raise ValueError(f"gpus must be >= 2 (for one device, use the model itself); got gpus={gpus}")
+        devices = resolve_devices(gpus)
+    else:
+        kind = "GPU" if has_gpu else "CPU"
+        devices = resolve_devices([f"/{kind}:{int(g)}" for g in gpus])
+    return parallelize(
+        model, devices, ratios=ratios, method="towers", merge_device="/cpu:0" if cpu_merge else devices[0]
+    )

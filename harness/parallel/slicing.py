@@ -1,0 +1,79 @@
+"""In-graph batch splitting: the rule of ``harness.split`` on a run-time batch size.
+
+Keras traces one step function for every batch size (the partial last batch
+included), so the per-device sizes are computed from the dynamic batch size
+with TensorFlow ops. ``tests/unit`` checks that the two implementations agree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import tensorflow as tf
+from keras import tree
+
+__all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures", "restore_static_shape"]
+
+
+def batch_size_of(x) -> tf.Tensor:
+    """The dynamic batch size (int32 scalar) of the first tensor in ``x``."""
+    first = next(t for t in tree.flatten(x) if t is not None)
+    return tf.shape(first, out_type=tf.int32)[0]
+
+
+def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float]) -> tf.Tensor:
+    """Per-device sizes (int32 vector) for a run-time ``batch_size``; see ``harness.split``."""
+    k = len(ratios)
+    # fsum on the host: the same total ``split_batch`` uses, bit for bit.
+    total = math.fsum(ratios)
+    r = tf.constant(ratios, tf.float64)
+    exact = tf.cast(batch_size, tf.float64) * r / total
+    floors = tf.floor(exact)
+    sizes = tf.cast(floors, tf.int32)
+    left = batch_size - tf.reduce_sum(sizes)
+    order = tf.argsort(-(exact - floors), stable=True)
+    rank = tf.scatter_nd(order[:, None], tf.range(k), [k])
+    sizes += tf.cast(rank < left, tf.int32)
+    for _ in range(k - 1):  # at most k-1 moves fill every empty device
+        sizes = _fill_one_empty(sizes, batch_size >= k)
+    return sizes
+
+
+def _fill_one_empty(sizes: tf.Tensor, allowed: tf.Tensor) -> tf.Tensor:
+    k = sizes.shape[0]
+    index = tf.range(k)
+    empty = tf.equal(sizes, 0)
+    first_empty = tf.argmax(tf.cast(empty, tf.int32), output_type=tf.int32)
+    # Largest share, lowest index on ties: a key that is unique per device.
+    donor = tf.argmax(sizes * (k + 1) + (k - index), output_type=tf.int32)
+    move = tf.logical_and(allowed, tf.reduce_any(empty))
+    delta = tf.one_hot(first_empty, k, dtype=tf.int32) - tf.one_hot(donor, k, dtype=tf.int32)
+    return sizes + tf.where(move, delta, tf.zeros_like(delta))
+
+
+def split_structure(x, sizes: tf.Tensor, count: int) -> list:
+    """Splits every tensor of a nested structure along axis 0 into ``count`` parts."""
+    if x is None:
+        return [None] * count
+    parts = [tf.split(t, sizes, num=count, axis=0) if t is not None else [None] * count for t in tree.flatten(x)]
+    return [tree.pack_sequence_as(x, [p[i] for p in parts]) for i in range(count)]
+
+
+def restore_static_shape(t: tf.Tensor) -> tf.Tensor:
+    """Reshapes ``t`` to its static non-batch shape (no-op for correct tensors).
+
+    Some TF kernels (CPU Conv2D) return wrongly shaped tensors for an empty
+    batch; an empty device slice must still concatenate with the others.
+    """
+    rest = t.shape[1:]
+    if rest.is_fully_defined():
+        return tf.reshape(t, [-1, *rest])
+    return t
+
+
+def concat_structures(parts: list):
+    """Concatenates a list of equally nested structures along axis 0."""
+    flat = [tree.flatten(p) for p in parts]
+    joined = [tf.concat([restore_static_shape(t) for t in ts], axis=0) for ts in zip(*flat)]
+    return tree.pack_sequence_as(parts[0], joined)

@@ -1,0 +1,128 @@
+"""pytest plugin: markers, a logical-devices fixture and ``assert_equivalent``.
+
+Loaded automatically (entry point ``pytest11``) wherever harness is installed.
+Importing it does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import pytest
+
+__all__ = ["assert_equivalent", "gpu_count"]
+
+MARKERS = {
+    "gpu": "needs at least one NVIDIA GPU (skipped without one)",
+    "multi_gpu": "needs at least two NVIDIA GPUs (skipped otherwise)",
+    "slow": "takes more than a few seconds (run with --run-slow)",
+    "docker": "builds or runs container images (run with --run-docker)",
+}
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs the driver exposes, counted without creating a TF context."""
+    root = "/proc/driver/nvidia/gpus"
+    try:
+        count = len(os.listdir(root))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+    return count
+
+
+def assert_equivalent(
+    build_model: Callable[[], object],
+    x,
+    y,
+    *,
+    devices,
+    ratios: Sequence[float] | None = None,
+    method: str = "mirrored",
+    batch_size: int = 32,
+    epochs: int = 1,
+    optimizer="sgd",
+    loss="mse",
+    tol: float = 1e-6,
+    **kwargs,
+):
+    """Fails unless parallel training matches single-device training within ``tol``.
+
+    Trains ``build_model()`` once on one device and once with ``parallelize``
+    from the same initial weights and batches, then compares every weight,
+    every optimizer variable and the per-epoch loss by
+    ``max |Δ| / max(1, max |reference|)``.
+
+    Args:
+        build_model: returns a new, built Keras model.
+        x, y: training data.
+        devices, ratios, method: as for ``harness.parallelize``.
+        batch_size, epochs, optimizer, loss: the training run.
+        tol: the largest deviation accepted.
+        **kwargs: passed to ``harness.compare_training`` (``metrics``,
+            ``sample_weight``, ``class_weight``, ``sync_batchnorm``, ``seed``).
+
+    Returns:
+        The ``EquivalenceReport``.
+
+    Raises:
+        AssertionError: with a table of the worst-differing variables.
+
+    Example:
+        >>> assert_equivalent(build, x, y, devices=logical_devices[:2], ratios=[3, 2])
+    """
+    from harness.equivalence import compare_training
+
+    report = compare_training(
+        build_model, x, y, devices=devices, ratios=ratios, method=method, batch_size=batch_size,
+        epochs=epochs, optimizer=optimizer, loss=loss, **kwargs,
+    )
+    if not report.is_equivalent(tol):
+        raise AssertionError(f"parallel training differs from single-device (tol={tol:g}): "
+                             f"{report.summary()}\n{report.table()}")
+    return report
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("harness")
+    group.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    group.addoption("--run-docker", action="store_true", default=False, help="run tests marked docker")
+    group.addoption(
+        "--logical-devices", type=int, default=4,
+        help="logical CPU devices the logical_devices fixture creates (default 4)",
+    )
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = gpu_count()
+    reasons = {
+        "gpu": None if gpus >= 1 else "needs a GPU; this machine has none",
+        "multi_gpu": None if gpus >= 2 else f"needs 2+ GPUs; this machine has {gpus}",
+        "slow": None if config.getoption("--run-slow") else "slow: run with --run-slow",
+        "docker": None if config.getoption("--run-docker") else "docker: run with --run-docker",
+    }
+    for item in items:
+        for name, reason in reasons.items():
+            if reason and name in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def logical_devices(request) -> list[str]:
+    """``--logical-devices`` logical CPU devices (default 4), created once per process.
+
+    TensorFlow fixes its devices at start-up: request this fixture before any
+    test of the process touches TensorFlow (pytest-xdist gives each worker its
+    own process).
+    """
+    from harness.devices import use_logical_devices
+
+    return use_logical_devices(request.config.getoption("--logical-devices"))
