@@ -144,7 +144,10 @@ def compare_training(
     Args:
         build_model: returns a new, built Keras model (called twice).
         x, y: training data (arrays or nested structures of arrays).
-        devices, ratios, method, sync_batchnorm: as for ``parallelize``.
+        devices, ratios, method, sync_batchnorm: as for ``parallelize``; ``method``
+            may also be a callable ``(template, devices, ratios) -> model`` to
+            check a parallel wrapper of your own. Its model must leave the
+            trained weights in ``template``.
         batch_size: global batch size; a partial last batch is included.
         epochs: passes over the data.
         optimizer: a name, an optimizer (copied via its config) or a factory.
@@ -173,7 +176,11 @@ def compare_training(
     single = build_model()
     template = build_model()
     template.set_weights(single.get_weights())
-    parallel = parallelize(template, devices, ratios=ratios, method=method, sync_batchnorm=sync_batchnorm)
+    if callable(method):  # a user's own parallel wrapper: (template, devices, ratios) -> compilable model
+        parallel = method(template, devices, ratios)
+        method = getattr(method, "__name__", "custom")
+    else:
+        parallel = parallelize(template, devices, ratios=ratios, method=method, sync_batchnorm=sync_batchnorm)
 
     fit_args = dict(
         batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
@@ -190,8 +197,8 @@ def compare_training(
     metric_keys = [k for k in histories[0] if k != "loss"]
     return EquivalenceReport(
         method=method,
-        devices=tuple(parallel.devices),
-        ratios=tuple(parallel.ratios),
+        devices=tuple(getattr(parallel, "devices", devices)),
+        ratios=tuple(getattr(parallel, "ratios", ratios or ())),
         batch_size=batch_size,
         steps=steps,
         diffs=tuple(diffs),

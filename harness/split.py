@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["split_batch", "validate_ratios"]
+__all__ = ["shares", "split_batch", "validate_ratios"]
 
 
 def validate_ratios(ratios: Sequence[float], count: int | None = None) -> tuple[float, ...]:
@@ -53,6 +53,13 @@ def validate_ratios(ratios: Sequence[float], count: int | None = None) -> tuple[
     return tuple(values)
 
 
+def shares(ratios: Sequence[float]) -> tuple[float, ...]:
+    """Each device's fraction of a batch. The in-graph split multiplies by the same floats,
+    so host and graph agree bit for bit (a graph optimiser may rewrite ``n * r / total``)."""
+    total = math.fsum(ratios)
+    return tuple(r / total for r in ratios)
+
+
 def split_batch(batch_size: int, ratios: Sequence[float]) -> tuple[int, ...]:
     """Splits ``batch_size`` samples across devices in proportion to ``ratios``.
 
@@ -78,8 +85,7 @@ def split_batch(batch_size: int, ratios: Sequence[float]) -> tuple[int, ...]:
     if batch_size < 0:
         raise ValueError(f"batch_size must be >= 0; got batch_size={batch_size}")
     values = validate_ratios(ratios)
-    total = math.fsum(values)
-    exact = [batch_size * r / total for r in values]
+    exact = [batch_size * w for w in shares(values)]
     sizes = [math.floor(e) for e in exact]
     left = batch_size - sum(sizes)
     # Stable sort on the negated fraction: ties keep the lower device index first.

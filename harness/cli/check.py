@@ -16,6 +16,13 @@ from harness.workloads.small import EQUIVALENCE_MODELS
 __all__ = ["add_parser", "run"]
 
 
+def _loss():
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "check",
@@ -86,7 +93,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
         for method in args.methods:
             report = compare_training(
                 lambda name=name: small.build(name), x, y, devices=devices, ratios=ratios, method=method,
-                batch_size=args.batch_size, optimizer=args.optimizer, loss="sparse_categorical_crossentropy",
+                batch_size=args.batch_size, optimizer=args.optimizer, loss=_loss(),
                 metrics=["accuracy"], sample_weight=sw,
             )
             ok = report.is_equivalent(args.tol)
@@ -117,7 +124,7 @@ def _timings(args, devices, ratios) -> list[dict]:
             model = small.build(name)
             if method != "single":
                 model = parallelize(model, devices, ratios=ratios, method=method)
-            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss="sparse_categorical_crossentropy")
+            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss=_loss())
             times[method] = time_train_steps(model, x, y, batch_size=args.time_batch, steps=args.time_steps)
         row = {"model": name, **{f"{m}_ms": t.median * 1e3 for m, t in times.items()},
                **{f"{m}_spread": t.spread for m, t in times.items()}}

@@ -17,9 +17,9 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from harness.parallel.slicing import restore_static_shape
 from harness.parallel.base import Method, ParallelModel, add_all, own_losses, weight_losses
 from harness.parallel.batchnorm import SyncBatchNormalization, is_batchnorm
+from harness.parallel.slicing import restore_static_shape
 
 __all__ = ["MirroredModel"]
 

@@ -7,11 +7,12 @@ with TensorFlow ops. ``tests/unit`` checks that the two implementations agree.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import tensorflow as tf
 from keras import tree
+
+from harness.split import shares
 
 __all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures", "restore_static_shape"]
 
@@ -25,10 +26,8 @@ def batch_size_of(x) -> tf.Tensor:
 def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float]) -> tf.Tensor:
     """Per-device sizes (int32 vector) for a run-time ``batch_size``; see ``harness.split``."""
     k = len(ratios)
-    # fsum on the host: the same total ``split_batch`` uses, bit for bit.
-    total = math.fsum(ratios)
-    r = tf.constant(ratios, tf.float64)
-    exact = tf.cast(batch_size, tf.float64) * r / total
+    # One multiplication by host-computed shares, exactly as ``split_batch`` does.
+    exact = tf.cast(batch_size, tf.float64) * tf.constant(shares(ratios), tf.float64)
     floors = tf.floor(exact)
     sizes = tf.cast(floors, tf.int32)
     left = batch_size - tf.reduce_sum(sizes)

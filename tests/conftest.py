@@ -1,0 +1,1 @@
+"""Shared test setup. The harness pytest plugin (markers, logical_devices) loads via its entry point."""

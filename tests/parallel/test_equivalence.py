@@ -1,0 +1,57 @@
+"""The exactness contract: a parallel step equals the single-device step on the whole batch.
+
+Matrix: methods x {even, 3:2, 1:3, 5:3:2} x {Dense, CNN with BN, GRU, two-input with
+sample weights and L2}. 61 samples at batch 20 end on a batch of 1, smaller than the
+device count, so every case also covers the partial last batch.
+"""
+
+import keras
+import pytest
+
+import harness
+from harness.workloads import small
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # the models output logits
+
+SPLITS = {"even": [1, 1, 1], "3:2": [3, 2], "1:3": [1, 3], "5:3:2": [5, 3, 2]}
+
+
+def _momentum_sgd():
+    return keras.optimizers.SGD(learning_rate=0.01, momentum=0.5)  # optimizer state is compared too
+
+
+@pytest.mark.parametrize("model", small.EQUIVALENCE_MODELS)
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_parallel_step_equals_single_device(logical_devices, method, split, model):
+    ratios = SPLITS[split]
+    x, y, sample_weight = small.make_data(model, 61)
+    report = harness.assert_equivalent(
+        lambda: small.build(model), x, y, devices=logical_devices[: len(ratios)], ratios=ratios, method=method,
+        batch_size=20, epochs=2, optimizer=_momentum_sgd, loss=LOSS,
+        metrics=["accuracy"], sample_weight=sample_weight, tol=1e-6,
+    )
+    assert report.steps == 8
+    assert report.metrics_parallel["accuracy"] == pytest.approx(report.metrics_single["accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_batchnorm_moving_averages_are_whole_batch(logical_devices, method):
+    x, y, _ = small.make_data("cnn_bn", 40)
+    report = harness.assert_equivalent(
+        lambda: small.build("cnn_bn"), x, y, devices=logical_devices[:2], ratios=[1, 3], method=method,
+        batch_size=40, optimizer="sgd", loss=LOSS,
+    )
+    moving = [d for d in report.diffs if "moving" in d.name]
+    assert moving and max(d.deviation for d in moving) < 1e-6
+
+
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_per_device_batchnorm_is_not_exact(logical_devices, method):
+    # The guard must see the difference when statistics stay per device.
+    x, y, _ = small.make_data("cnn_bn", 40)
+    with pytest.raises(AssertionError, match="moving_"):
+        harness.assert_equivalent(
+            lambda: small.build("cnn_bn"), x, y, devices=logical_devices[:2], ratios=[1, 3], method=method,
+            batch_size=40, optimizer="sgd", loss=LOSS, sync_batchnorm=False,
+        )

@@ -1,0 +1,52 @@
+"""The package stays light: no TensorFlow on import or --help; the CLI's error paths."""
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.cli import main
+
+
+def _run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def test_import_does_not_import_tensorflow():
+    out = _run("import sys, harness; harness.split_batch(4, [1, 1]); print('tensorflow' in sys.modules)")
+    assert out.strip() == "False"
+
+
+def test_help_does_not_import_tensorflow():
+    code = (
+        "import sys, contextlib, io\n"
+        "from harness.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['check', '--help'])\n"
+        "    except SystemExit: pass\n"
+        "print('tensorflow' in sys.modules)"
+    )
+    assert _run(code).strip() == "False"
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 2
+    assert "check" in capsys.readouterr().out
+
+
+def test_bad_option_values_exit_2_with_one_line(capsys):
+    assert main(["check", "--batch-size", "0", "--models", "dense"]) == 2
+    err = capsys.readouterr().err
+    assert "--batch-size and --samples must be positive; got 0" in err
+    assert "Traceback" not in err
+
+
+def test_unknown_model_is_rejected_by_argparse():
+    with pytest.raises(SystemExit):
+        main(["check", "--models", "nope"])
+
+
+def test_plugin_markers_are_registered(pytestconfig):
+    markers = "\n".join(pytestconfig.getini("markers"))
+    for name in ("gpu", "multi_gpu", "slow", "docker"):
+        assert f"{name}:" in markers
