@@ -16,13 +16,6 @@ from harness.workloads.small import EQUIVALENCE_MODELS
 __all__ = ["add_parser", "run"]
 
 
-def _loss():
-    import keras
-
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "check",
@@ -93,7 +86,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
         for method in args.methods:
             report = compare_training(
                 lambda name=name: small.build(name), x, y, devices=devices, ratios=ratios, method=method,
-                batch_size=args.batch_size, optimizer=args.optimizer, loss=_loss(),
+                batch_size=args.batch_size, optimizer=args.optimizer, loss=small.loss(),
                 metrics=["accuracy"], sample_weight=sw,
             )
             ok = report.is_equivalent(args.tol)
@@ -124,7 +117,7 @@ def _timings(args, devices, ratios) -> list[dict]:
             model = small.build(name)
             if method != "single":
                 model = parallelize(model, devices, ratios=ratios, method=method)
-            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss=_loss())
+            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss=small.loss())
             times[method] = time_train_steps(model, x, y, batch_size=args.time_batch, steps=args.time_steps)
         row = {"model": name, **{f"{m}_ms": t.median * 1e3 for m, t in times.items()},
                **{f"{m}_spread": t.spread for m, t in times.items()}}

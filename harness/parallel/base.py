@@ -65,7 +65,11 @@ class ParallelModel(keras.Model):
         return self.core(inputs, training=training)
 
     def sync_to_template(self) -> None:
-        """Copies trained weights into the template (no-op when they are shared)."""
+        """Copies trained weights into the template (no-op when they are shared).
+
+        ``fit`` and the save methods call it; after ``train_on_batch`` loops call
+        it yourself (not per step: for mirrored models it copies every weight).
+        """
 
     # -- persistence: always the plain single-device model -------------------
     def save(self, filepath, *args, **kwargs):
@@ -93,12 +97,6 @@ class ParallelModel(keras.Model):
     def fit(self, *args, **kwargs):
         try:
             return super().fit(*args, **kwargs)
-        finally:
-            self.sync_to_template()
-
-    def train_on_batch(self, *args, **kwargs):
-        try:
-            return super().train_on_batch(*args, **kwargs)
         finally:
             self.sync_to_template()
 

@@ -2,7 +2,7 @@
 
 Keras traces one step function for every batch size (the partial last batch
 included), so the per-device sizes are computed from the dynamic batch size
-with TensorFlow ops. ``tests/unit`` checks that the two implementations agree.
+with TensorFlow ops. ``tests/parallel/test_api.py`` checks that the two agree.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EQUIVALENCE_MODELS", "build", "make_data"]
+__all__ = ["EQUIVALENCE_MODELS", "build", "loss", "make_data"]
 
 EQUIVALENCE_MODELS = ("dense", "cnn_bn", "gru", "two_input")
 
@@ -67,6 +67,13 @@ def build(name: str):
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
     return _BUILDERS[name]()
+
+
+def loss():
+    """The loss these models train with: they output logits for 3 classes."""
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def make_data(name: str, samples: int, seed: int = 0):

@@ -12,7 +12,7 @@ import harness
 from harness.parallel import slicing
 from harness.workloads import small
 
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # the models output logits
+LOSS = small.loss()
 
 
 def _dense():

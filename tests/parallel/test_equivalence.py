@@ -11,7 +11,7 @@ import pytest
 import harness
 from harness.workloads import small
 
-LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)  # the models output logits
+LOSS = small.loss()
 
 SPLITS = {"even": [1, 1, 1], "3:2": [3, 2], "1:3": [1, 3], "5:3:2": [5, 3, 2]}
 
