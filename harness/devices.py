@@ -6,6 +6,7 @@ so splitting a physical device into logical ones must happen before any op.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 
@@ -29,6 +30,7 @@ def use_logical_devices(
     count: int,
     device_type: str = "CPU",
     memory_limits_mb: Sequence[int] | None = None,
+    inter_op_threads: int | None = None,
 ) -> list[str]:
     """Splits the first physical CPU or GPU into ``count`` logical devices.
 
@@ -40,6 +42,8 @@ def use_logical_devices(
         count: number of logical devices, ``>= 1``.
         device_type: ``"CPU"`` or ``"GPU"``.
         memory_limits_mb: for GPUs, one limit per logical device (MiB).
+        inter_op_threads: at least this many threads run independent ops at
+            once (emulated devices block one each while they sleep).
 
     Returns:
         The logical device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
@@ -62,6 +66,9 @@ def use_logical_devices(
 
     import tensorflow as tf
 
+    if inter_op_threads is not None and not is_tf_initialized():
+        current = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+        tf.config.threading.set_inter_op_parallelism_threads(max(current, int(inter_op_threads)))
     physical = tf.config.list_physical_devices(kind)
     if not physical:
         raise ValueError(f"no physical {kind} device to split; TensorFlow sees none")

@@ -6,7 +6,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-__all__ = ["StepTimes", "time_train_steps"]
+__all__ = ["StepTimes", "Window", "time_train_steps", "window_callback"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,85 @@ def time_train_steps(model, x, y, *, batch_size: int, steps: int, warmup: int = 
     model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[_Stamp()])
     deltas = [b - a for a, b in zip(stamps[warmup - 1 :], stamps[warmup:])]
     return StepTimes(tuple(deltas), batch_size)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One timed window of training steps: its bounds on ``time.perf_counter`` and what it did."""
+
+    index: int
+    start: float
+    end: float
+    steps: int
+    samples: int
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None,
+                    on_step=None):
+    """A Keras callback cutting training into timed windows, then stopping it.
+
+    The first ``warmup_steps`` steps (tracing, allocation) are not timed. A
+    window closes at the first step end after ``seconds``; training stops after
+    ``windows`` windows. Step ends are stamped when Keras returns the step's
+    logs to the host, so a stamp follows the device work of its step.
+
+    Args:
+        batch_size: global samples per step.
+        seconds: minimum length of a window.
+        windows: number of windows.
+        warmup_steps: untimed steps first (>= 1: the first step traces).
+        on_window: called with each finished ``Window``.
+        on_step: called with ``(phase, steps_in_phase, elapsed_s)`` after each
+            step, phase ``"warmup"`` or the window index (for progress display).
+
+    Returns:
+        The callback; its ``windows`` attribute lists the finished windows.
+    """
+    import keras
+
+    if not seconds > 0 or windows < 1 or warmup_steps < 1:
+        raise ValueError(
+            f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
+            f"warmup_steps={warmup_steps}"
+        )
+
+    class _Windows(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.windows: list[Window] = []
+            self._warm = 0
+            self._start = None
+            self._steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            if self._start is None:
+                self._warm += 1
+                if on_step is not None:
+                    on_step("warmup", self._warm, 0.0)
+                if self._warm >= warmup_steps:
+                    self._start = now
+                return
+            self._steps += 1
+            elapsed = now - self._start
+            if on_step is not None:
+                on_step(len(self.windows), self._steps, elapsed)
+            if elapsed < seconds:
+                return
+            window = Window(len(self.windows), self._start, now, self._steps, self._steps * batch_size)
+            self.windows.append(window)
+            if on_window is not None:
+                on_window(window)
+            self._start, self._steps = now, 0
+            if len(self.windows) >= windows:
+                self.model.stop_training = True
+
+    return _Windows()

@@ -11,23 +11,28 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.cli import check
+    from harness.cli import check, compare, env, run
 
     parser = argparse.ArgumentParser(
         prog="harness",
-        description="Exact ratio-split data parallelism for Keras: equivalence and speed checks.",
+        description="Exact ratio-split data parallelism for Keras: equivalence checks, throughput runs and "
+        "comparisons on real, logical or emulated devices.",
     )
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    check.add_parser(sub)
+    for module in (run, compare, check, env):
+        module.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; returns the exit status."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version, or a usage error (argparse printed why)
+        return exit_.code if isinstance(exit_.code, int) else 2
     if args.command is None:
         parser.print_help()
         return 2

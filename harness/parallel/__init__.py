@@ -18,6 +18,7 @@ def parallelize(
     method: str = "mirrored",
     sync_batchnorm: bool = True,
     merge_device: str | None = None,
+    emulate=None,
 ):
     """Wraps a built Keras model so each batch is split over devices by ratios.
 
@@ -38,6 +39,9 @@ def parallelize(
             per-device statistics.
         merge_device: where tower outputs are merged and the loss is computed;
             defaults to the first device.
+        emulate: make the devices emulated heterogeneous devices: one
+            ``harness.emulate.EmulatedDevice`` per device, a spec string
+            ``"1345:1100,875"``, or an ``Emulator`` shared by several models.
 
     Returns:
         A ``keras.Model`` to ``compile`` and ``fit``.
@@ -72,7 +76,21 @@ def parallelize(
         from harness.parallel.towers import TowersModel as cls
     else:
         from harness.parallel.mirrored import MirroredModel as cls
-    return cls(model, names, ratios, sync_batchnorm, merge)
+    return cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+
+
+def _emulator(emulate, devices: list[str]):
+    from harness.emulate import EmulatedDevice, Emulator, parse_emulate
+
+    if emulate is None or isinstance(emulate, Emulator):
+        return emulate
+    specs = parse_emulate(emulate) if isinstance(emulate, str) else tuple(emulate)
+    if len(specs) != len(devices) or not all(isinstance(s, EmulatedDevice) for s in specs):
+        raise ValueError(
+            f"emulate needs one EmulatedDevice (or RATE[:MAXBATCH] entry) per device; got {len(specs)} for "
+            f"{len(devices)} devices {devices}: {emulate!r}"
+        )
+    return Emulator(dict(zip(devices, specs)))
 
 
 def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_relocation: bool = False):

@@ -40,9 +40,10 @@ class ParallelModel(keras.Model):
     method: Method
 
     def __init__(self, template: keras.Model, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
-                 merge_device: str):
+                 merge_device: str, emulator=None):
         super().__init__(name=f"{self.method.value}_{template.name}")
         self._template_ref = _Untracked(template)
+        self._emulator_ref = _Untracked(emulator)
         self.devices = tuple(devices)
         self.ratios = tuple(ratios)
         self.sync_batchnorm = bool(sync_batchnorm)
@@ -70,6 +71,19 @@ class ParallelModel(keras.Model):
         ``fit`` and the save methods call it; after ``train_on_batch`` loops call
         it yourself (not per step: for mirrored models it copies every weight).
         """
+
+    @property
+    def emulator(self):
+        """The ``harness.emulate.Emulator`` slowing devices down to emulated speeds, or None."""
+        return self._emulator_ref.value
+
+    def _begin_device(self, device: str, x):
+        """``(x, token)``: the device's slice, gated on its emulated start (if emulated)."""
+        return (x, None) if self.emulator is None else self.emulator.begin(device, x)
+
+    def _end_device(self, device: str, y, token):
+        """The device's output, gated on its emulated finish (if emulated)."""
+        return y if token is None else self.emulator.end(device, y, token)
 
     # -- persistence: always the plain single-device model -------------------
     def save(self, filepath, *args, **kwargs):

@@ -71,8 +71,8 @@ class MirroredModel(ParallelModel):
 
     method = Method.MIRRORED
 
-    def __init__(self, template, devices, ratios, sync_batchnorm, merge_device):
-        super().__init__(template, devices, ratios, sync_batchnorm, merge_device)
+    def __init__(self, template, devices, ratios, sync_batchnorm, merge_device, emulator=None):
+        super().__init__(template, devices, ratios, sync_batchnorm, merge_device, emulator)
         self.strategy = strategy_for(self.devices)
         clone = _clone_layer if self.sync_batchnorm else None
         try:
@@ -139,6 +139,10 @@ class MirroredModel(ParallelModel):
         )
         return n, starts, values
 
+    def _replica_device(self, ctx) -> str:
+        """This replica's device name (replica ids follow ``self.devices``)."""
+        return self.devices[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
+
     def _sum_replicas(self, value):
         with tf.device(self.merge_device):
             return tf.add_n(list(self.strategy.experimental_local_results(value)))
@@ -150,6 +154,8 @@ class MirroredModel(ParallelModel):
         def replica_step(x_local):
             ctx = tf.distribute.get_replica_context()
             start = tf.gather(starts, ctx.replica_id_in_sync_group)
+            device = self._replica_device(ctx)
+            x_local, token = self._begin_device(device, x_local)
             with tf.GradientTape() as tape:
                 y_local = self.core(x_local, training=True)
                 extra = add_all(own_losses(self.core))
@@ -160,7 +166,9 @@ class MirroredModel(ParallelModel):
                 penalty = add_all(weight_losses(self.core)) / replicas
                 objective = self.optimizer.scale_loss(replicas * main + extra + penalty)
             weights = self.core.trainable_weights
-            self.optimizer.apply_gradients(zip(tape.gradient(objective, weights), weights))
+            # An emulated device finishes after its backward pass: the first layer's gradients come last.
+            grads = self._end_device(device, tape.gradient(objective, weights), token)
+            self.optimizer.apply_gradients(zip(grads, weights))
             return main + extra + penalty, y_pred  # the replicas' shares add up to the whole batch's loss
 
         share, y_pred = self.strategy.run(replica_step, args=(x_parts,))
@@ -170,7 +178,10 @@ class MirroredModel(ParallelModel):
         _, _, x_parts = self._distribute(x)
 
         def replica_forward(x_local):
-            return self.core(x_local, training=False), add_all(own_losses(self.core))
+            device = self._replica_device(tf.distribute.get_replica_context())
+            x_local, token = self._begin_device(device, x_local)
+            y_local = self._end_device(device, self.core(x_local, training=False), token)
+            return y_local, add_all(own_losses(self.core))
 
         y_local, extra = self.strategy.run(replica_forward, args=(x_parts,))
         return self._merge(list(self.strategy.experimental_local_results(y_local))), self._sum_replicas(extra)

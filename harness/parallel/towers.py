@@ -8,7 +8,9 @@ once, and the loss, metrics and gradients are those of the whole batch.
 from __future__ import annotations
 
 import tensorflow as tf
+from keras import tree
 
+from harness.emulate import add_zero
 from harness.parallel import layerwise
 from harness.parallel.base import Method, ParallelModel, add_all, own_losses
 
@@ -20,8 +22,8 @@ class TowersModel(ParallelModel):
 
     method = Method.TOWERS
 
-    def __init__(self, template, devices, ratios, sync_batchnorm, merge_device):
-        super().__init__(template, devices, ratios, sync_batchnorm, merge_device)
+    def __init__(self, template, devices, ratios, sync_batchnorm, merge_device, emulator=None):
+        super().__init__(template, devices, ratios, sync_batchnorm, merge_device, emulator)
         self._layerwise = self.sync_batchnorm and len(self.devices) > 1 and layerwise.has_batchnorm(template)
         if self._layerwise and layerwise.graph_of(template) is None:
             raise ValueError(
@@ -32,8 +34,22 @@ class TowersModel(ParallelModel):
         self._core_model = template
         self.built = True
 
-    def _towers(self, x, training: bool):
+    def _towers(self, x, training: bool, watch=None):
+        """Merged outputs, layer losses, and the emulated devices' pending ends.
+
+        With ``watch`` (a training tape's), emulated devices are finished after
+        their backward pass instead: their first input is watched, and each
+        pending ``(device, token, input)`` is finished on the input's gradient.
+        """
         _, _, parts = self._split(x)
+        parts, tokens = zip(*(self._begin_device(d, part) for d, part in zip(self.devices, parts)))
+        pending = []
+        if watch is not None:
+            for device, part, token in zip(self.devices, parts, tokens):
+                leaf = tree.flatten(part)[0]
+                if token is not None and leaf.dtype.is_floating:
+                    watch(leaf)
+                    pending.append((device, token, leaf))
         if training and self._layerwise:
             outputs, losses = layerwise.run_towers(self.template, parts, self.devices, self.merge_device, training)
         else:
@@ -42,16 +58,27 @@ class TowersModel(ParallelModel):
                 with tf.device(device):
                     outputs.append(self.template(part, training=training))
                 losses.extend(own_losses(self.template))
-        return self._merge(outputs), add_all(losses)
+        deferred = {device for device, _, _ in pending}
+        outputs = [out if d in deferred else self._end_device(d, out, token)
+                   for d, out, token in zip(self.devices, outputs, tokens)]
+        return self._merge(outputs), add_all(losses), pending
 
     def _parallel_train(self, x, y, sample_weight):
         with tf.GradientTape() as tape:
-            y_pred, extra = self._towers(x, training=True)
+            y_pred, extra, pending = self._towers(x, training=True, watch=tape.watch)
             loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
             scaled = self.optimizer.scale_loss(loss)
         weights = self.trainable_weights
-        self.optimizer.apply_gradients(zip(tape.gradient(scaled, weights), weights))
+        grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
+        grads, input_grads = grads[: len(weights)], grads[len(weights):]
+        if pending:
+            # Each emulated device finishes when its backward pass reaches its input.
+            zeros = [self.emulator.finish(device, token, after=y_pred if g is None else g)
+                     for (device, token, _), g in zip(pending, input_grads)]
+            grads = add_zero(grads, tf.add_n(zeros))
+        self.optimizer.apply_gradients(zip(grads, weights))
         return loss, y_pred
 
     def _parallel_forward(self, x):
-        return self._towers(x, training=False)
+        y_pred, extra, _ = self._towers(x, training=False)
+        return y_pred, extra

@@ -1,0 +1,177 @@
+"""``harness compare``: one workload, every way of spreading it, side by side.
+
+Runs, in one process and on the same devices: each device alone, even towers,
+even mirrored, ratio towers and ratio mirrored, then prints samples/s with the
+ratio to the best, writes a PNG bar chart and a JSON record. The ratio split is
+``--ratios`` if given, else the devices' own measured single-device speeds.
+
+With no arguments on a machine without GPUs it replays seed 000's story on two
+emulated devices (a GTX 1080 Ti at 1345 samples/s and a GTX 1080 at 875): even
+split vs ratio split at the seed's global batch of 1388.
+
+Examples:
+    harness compare                                   # seed 000, emulated
+    harness compare --gpus 0 1 --batch 1388          # your GPUs
+    harness compare --model gru_stack --emulate 1000,500,250 --batch 700
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from harness.cli import options
+from harness.cli.run import Output
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="single vs even vs ratio split, towers vs mirrored, in one run",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_common(p, seconds=1.5, windows=3)
+    p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
+    p.add_argument("--ratios", nargs="+", type=float, metavar="R",
+                   help="ratio split to compare (default: the devices' measured single-device samples/s)")
+    p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=["towers", "mirrored"],
+                   help="parallel methods to compare (default both)")
+    p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
+    p.set_defaults(run=run)
+
+
+def _rows(args, setup, size: str, batch: int):
+    """(label, RunConfig) of the single-device runs; the parallel ones follow their results."""
+    from harness.runner import RunConfig
+
+    common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
+                  input_delay_ms=args.input_delay_ms, seed=args.seed)
+    share = max(1, batch // len(setup.devices))
+    singles = []
+    for i, device in enumerate(setup.devices):
+        emulate = None if setup.emulate is None else (setup.emulate[i],)
+        singles.append((f"{_short(device)} alone", RunConfig(args.model, size, "single", (device,), (share,),
+                                                              emulate=emulate, **common)))
+    return singles, common
+
+
+def _short(device: str) -> str:
+    return device.replace("/device:", "").replace("/job:localhost/replica:0/task:0", "")
+
+
+def run(args) -> int:
+    from harness.runner import RunConfig
+    from harness.split import split_batch, validate_ratios
+
+    options.check_common(args)
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be >= 1; got {args.batch}")
+    if args.ratios is not None:
+        validate_ratios(args.ratios, len(args.ratios))
+    setup = options.setup_devices(args)
+    n = len(setup.devices)
+    if args.ratios is not None:
+        validate_ratios(args.ratios, n)
+    size = options.default_size(args, setup)
+    batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
+    if batch < n:
+        raise ValueError(f"--batch must be at least the device count ({n}); got {batch}")
+    singles, common = _rows(args, setup, size, batch)
+    out = Output(args, "compare", {"model": args.model, "size": size, "devices": list(setup.devices),
+                                   "batch": batch, "device_kind": setup.kind,
+                                   "emulate": None if setup.emulate is None else [e.to_json() for e in setup.emulate]})
+    out.say(f"{args.model} ({size}) on {n} {setup.kind} device(s), global batch {batch}; "
+            f"{args.windows} windows of {args.seconds:g} s per configuration")
+    if setup.note:
+        out.say(setup.note)
+    rows = out.record.setdefault("rows", [])
+
+    def measure(label, config, total):
+        out.say(f"\n[{len(rows) + 1}/{total}] {label}: {config.method}, batches {list(config.batches)}")
+        result = _execute(config, setup, out)
+        rows.append({"label": label, **result})
+        out.save()
+        return result
+
+    def work():
+        total = n + 2 * len(args.methods)
+        solo = [measure(label, config, total) for label, config in singles]
+        ratios, source = _ratio_split(args, solo)
+        out.record["ratio_source"] = source
+        even = split_batch(batch, [1.0] * n)
+        ratio = split_batch(batch, ratios)
+        for name, split in (("even", even), ("ratio", ratio)):
+            for method in args.methods:
+                config = RunConfig(args.model, size, method, setup.devices, split, emulate=setup.emulate, **common)
+                measure(f"{name} {method}", config, total)
+
+    out.guard(work)
+    out.finish(status="complete")
+    table = comparison_table(rows)
+    plot = _plot(args, out, rows, setup)
+    if args.json:
+        json.dump(out.record, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print("\n" + table)
+        print(f"ratio split from {out.record['ratio_source']}")
+        if plot is not None:
+            print(f"chart: {plot}")
+    return 0
+
+
+def _execute(config, setup, out):
+    from harness.cli.run import execute
+
+    return execute(config, setup, out, prefix="  ", compact=True)
+
+
+def _ratio_split(args, solo: list[dict]) -> tuple[list[float], str]:
+    if args.ratios is not None:
+        return list(args.ratios), f"--ratios {' '.join(f'{r:g}' for r in args.ratios)}"
+    rates = [r["summary"]["samples_per_second"]["median"] if r["status"] == "complete" else None for r in solo]
+    if any(rate is None or rate <= 0 for rate in rates):
+        return [1.0] * len(solo), "even (a device failed alone, so its speed is unknown)"
+    return rates, "measured single-device speeds " + ":".join(f"{r:.0f}" for r in rates)
+
+
+def comparison_table(rows: list[dict]) -> str:
+    """Label, per-device batches, samples/s (median, spread), ratio to the best, status."""
+    from harness.report import format_table, ratio_to_best
+
+    values = [_median(r) for r in rows]
+    best = ratio_to_best(values)
+    table = []
+    for row, value, rel in zip(rows, values, best):
+        cfg = row["config"]
+        spread = (row.get("summary") or {}).get("samples_per_second", {}).get("spread")
+        busy = [d.get("busy_fraction", {}).get("median") for d in (row.get("summary") or {}).get("devices", [])]
+        table.append([row["label"], "/".join(str(b) for b in cfg["batches"]),
+                      "-" if value is None else f"{value:.0f}",
+                      "-" if spread is None else f"{100 * spread:.1f}%",
+                      "-" if rel is None else f"{rel:.2f}",
+                      " ".join(f"{100 * b:.0f}%" for b in busy if b is not None) or "-",
+                      "ok" if row["status"] == "complete" else f"{row['status']}: {row['error']}"])
+    return format_table(table, ["configuration", "batches", "samples/s", "spread", "vs best", "busy", "status"])
+
+
+def _median(row: dict):
+    summary = row.get("summary")
+    return None if not summary else summary["samples_per_second"]["median"]
+
+
+def _plot(args, out, rows, setup) -> Path | None:
+    from harness.report import bar_chart
+
+    if args.no_save and args.plot is None:
+        return None
+    path = Path(args.plot) if args.plot else Path(out.path).with_suffix(".png")
+    labels = [f"{r['label']}\n{'/'.join(str(b) for b in r['config']['batches'])}" for r in rows]
+    notes = [None if r["status"] == "complete" else r["status"].upper() for r in rows]
+    spreads = [None if _median(r) is None else (r["summary"]["samples_per_second"]["iqr"] or 0) / 2 for r in rows]
+    config = out.record["config"]
+    title = f"{config['model']} ({config['size']}), global batch {config['batch']}"
+    footnote = "emulated devices: " + ", ".join(str(e) for e in setup.emulate) if setup.emulate else setup.kind
+    return bar_chart(labels, [_median(r) for r in rows], path, title=title, notes=notes, errors=spreads,
+                     footnote=footnote)

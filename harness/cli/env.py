@@ -1,0 +1,46 @@
+"""``harness env``: everything a bug report needs about this machine and software stack.
+
+Prints the harness version and commit, Python, TensorFlow (and the CUDA/cuDNN it was built
+against), Keras and its flavour, the NVIDIA driver and GPUs (read through NVML: no CUDA
+context, no GPU memory), CPU, RAM and the environment variables that change a run.
+
+Examples:
+    harness env              # readable block, paste it into an issue
+    harness env --json       # the same as one JSON document
+    harness env --no-tf      # skip importing TensorFlow (fast; no build information)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> None:
+    """Registers ``env`` on the ``harness`` subcommand parsers."""
+    p = subparsers.add_parser(
+        "env",
+        help="print the environment fingerprint (versions, GPUs, driver) for bug reports",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the readable block")
+    p.add_argument("--no-tf", action="store_true",
+                   help="do not import TensorFlow (versions still come from package metadata)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the fingerprint; returns 0 (a missing piece is reported, not an error)."""
+    from harness.environment import fingerprint, format_fingerprint
+
+    fp = fingerprint(import_tf=not args.no_tf)
+    if args.json:
+        json.dump(fp, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_fingerprint(fp))
+    return 0

@@ -1,0 +1,141 @@
+"""Options ``harness run`` and ``harness compare`` share, and turning them into devices.
+
+Device choice, in order: ``--emulate`` (emulated devices on logical CPUs),
+``--logical-cpus N``, ``--devices``/``--gpus``; with none of them, every GPU,
+or, on a machine without one, seed 000's two emulated GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from harness import workloads
+from harness.emulate import EmulatedDevice, parse_emulate
+
+__all__ = ["SEED_000_EMULATE", "DeviceSetup", "add_common", "setup_devices", "check_common", "default_size",
+           "expected_device_count"]
+
+# Seed 000: a GTX 1080 Ti alone at 1345 samples/s, a GTX 1080 at 875; the 1080 ran out of memory at 710.
+SEED_000_EMULATE = "1345:1100,875:700"
+BATCH_PER_DEVICE = 694  # two devices: 1388 samples, seed 000's best global batch (820 + 568)
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    devices: tuple[str, ...]
+    emulate: tuple[EmulatedDevice, ...] | None
+    kind: str  # "emulated", "logical CPU", "GPU"
+    note: str = ""
+
+
+def add_common(p, *, seconds: float, windows: int) -> None:
+    """Adds the model, device, timing and output options to a subcommand parser."""
+    p.add_argument("--model", default="mnist_maxing", metavar="NAME",
+                   help=f"workload: {', '.join(workloads.names())} (default mnist_maxing)")
+    p.add_argument("--size", default=None, metavar="SIZE",
+                   help="full or tiny (default: full with GPUs, tiny on emulated or CPU devices)")
+    p.add_argument("--devices", "--gpus", nargs="+", metavar="DEV", dest="devices",
+                   help="GPU ids or device names, e.g. --gpus 0 1 (without a GPU, ids name logical CPUs)")
+    p.add_argument("--logical-cpus", type=int, metavar="N", help="split the CPU into N logical devices")
+    p.add_argument("--emulate", metavar="RATE[:MAXBATCH],...",
+                   help="emulated devices on logical CPUs: samples/s and optional memory ceiling per device, "
+                        f"e.g. 1345,875 or {SEED_000_EMULATE} (default without GPUs: {SEED_000_EMULATE})")
+    p.add_argument("--seconds", type=float, default=seconds, help=f"seconds per timing window (default {seconds:g})")
+    p.add_argument("--windows", type=int, default=windows, help=f"timing windows (default {windows})")
+    p.add_argument("--warmup-steps", type=int, default=2, metavar="N", help="untimed first steps (default 2)")
+    p.add_argument("--input-delay-ms", type=float, default=0.0, metavar="MS",
+                   help="emulate a CPU-bound input pipeline: this much preprocessing per batch (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="weights and synthetic data seed (default 0)")
+    p.add_argument("--results-dir", metavar="DIR",
+                   help="where the JSON record goes (default $HARNESS_RESULTS_DIR or ~/.cache/harness/results)")
+    p.add_argument("--no-save", action="store_true", help="do not write a result record")
+    p.add_argument("--json", action="store_true", help="print the result record as JSON instead of tables")
+
+
+def check_common(args) -> None:
+    """Validates the shared options before TensorFlow starts; raises ``ValueError`` naming the bad value."""
+    workloads.get(args.model)
+    if args.size is not None:
+        workloads.check_size(args.size)
+    if not args.seconds > 0:
+        raise ValueError(f"--seconds must be > 0; got {args.seconds:g}")
+    if args.windows < 1:
+        raise ValueError(f"--windows must be >= 1; got {args.windows}")
+    if args.warmup_steps < 1:
+        raise ValueError(f"--warmup-steps must be >= 1; got {args.warmup_steps}")
+    if args.input_delay_ms < 0:
+        raise ValueError(f"--input-delay-ms must be >= 0; got {args.input_delay_ms:g}")
+    if args.logical_cpus is not None and args.logical_cpus < 1:
+        raise ValueError(f"--logical-cpus must be >= 1; got {args.logical_cpus}")
+    if args.emulate is not None:
+        specs = parse_emulate(args.emulate)
+        if args.devices:
+            raise ValueError(f"--emulate runs on logical CPU devices; drop --devices {' '.join(args.devices)}")
+        if args.logical_cpus is not None and args.logical_cpus != len(specs):
+            raise ValueError(f"--emulate has {len(specs)} devices but --logical-cpus is {args.logical_cpus}")
+
+
+def expected_device_count(args) -> int | None:
+    """How many devices the options will give, when that is known before TensorFlow starts."""
+    if args.emulate is not None:
+        return len(parse_emulate(args.emulate))
+    if args.logical_cpus is not None:
+        return args.logical_cpus
+    if args.devices:
+        return len(args.devices)
+    return len(parse_emulate(SEED_000_EMULATE)) if _gpu_count() == 0 else None
+
+
+def _gpu_count() -> int:
+    from harness.testing import gpu_count
+
+    return gpu_count()
+
+
+def setup_devices(args) -> DeviceSetup:
+    """Creates the devices the options ask for (TensorFlow starts here)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log noise out of the tables
+    from harness.devices import resolve_devices, use_logical_devices
+
+    emulate = args.emulate
+    if emulate is None and not args.devices and args.logical_cpus is None and _gpu_count() == 0:
+        emulate = SEED_000_EMULATE
+    if emulate is not None:
+        specs = parse_emulate(emulate)
+        # Each emulated device sleeps on one inter-op thread: leave threads for the real work.
+        names = use_logical_devices(len(specs), inter_op_threads=len(specs) + 2)
+        note = "emulated devices: " + ", ".join(f"{d} = {s}" for d, s in zip(names, specs))
+        return DeviceSetup(tuple(names), specs, "emulated", note)
+    if args.logical_cpus is not None:
+        return DeviceSetup(tuple(use_logical_devices(args.logical_cpus)), None, "logical CPU",
+                           "logical CPU devices share the same cores: figures are overhead, not speed-up")
+    if args.devices:
+        if _gpu_count() == 0:
+            ids = [_cpu_id(d) for d in args.devices]
+            use_logical_devices(max(ids) + 1)
+            return DeviceSetup(tuple(resolve_devices([f"/cpu:{i}" for i in ids])), None, "logical CPU",
+                               "no GPU here: device ids name logical CPU devices")
+        return DeviceSetup(tuple(resolve_devices(args.devices)), None, "GPU")
+    return DeviceSetup(tuple(resolve_devices(_gpu_count())), None, "GPU")
+
+
+def _cpu_id(device: str) -> int:
+    text = device.lower().removeprefix("/").removeprefix("device:").removeprefix("cpu:").removeprefix("gpu:")
+    if not text.isdigit():
+        raise ValueError(f"without a GPU, --devices takes ids of logical CPU devices (0 1 ...); got {device!r}")
+    return int(text)
+
+
+def default_size(args, setup: DeviceSetup) -> str:
+    return args.size or ("full" if setup.kind == "GPU" else "tiny")
+
+
+def telemetry_for(setup: DeviceSetup):
+    """A started NVML sampler for GPU devices, else None."""
+    if setup.kind != "GPU":
+        return None
+    from harness.nvml import TelemetrySampler
+    from harness.runner import _gpu_index
+
+    return TelemetrySampler([i for i in (_gpu_index(d) for d in setup.devices) if i is not None]).start()

@@ -1,0 +1,243 @@
+"""``harness run``: train one workload on your devices and print samples/s per window.
+
+Seed 000's ``test_GPUs.py`` on modern Keras: every window prints each device's
+batch and samples/s and the total. Per-device figures are measured, and each
+says how: emulated devices by their busy time, GPUs by NVML telemetry sampled
+at 10 Hz; logical CPU devices only by their share of the total. Every run is
+kept as one JSON record (written after each window, so a killed run keeps its
+finished windows).
+
+Examples:
+    harness run                                   # seed 000's emulated GPUs without a GPU
+    harness run --gpus 0 1 --batches 820 568      # the seed's best split on real GPUs
+    harness run --emulate 1345,875 --ratios 3 2 --batch 1000 --method mirrored
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from harness.cli import options
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("run", help="samples/s of one workload on your devices, per window",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    options.add_common(p, seconds=5.0, windows=3)
+    p.add_argument("--method", choices=["single", "towers", "mirrored"],
+                   help="default: towers on several devices, single on one")
+    p.add_argument("--batches", nargs="+", type=int, metavar="B", help="per-device batch sizes, e.g. 820 568")
+    p.add_argument("--ratios", nargs="+", type=float, metavar="R", help="split ratios, with --batch (default even)")
+    p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
+    p.set_defaults(run=run)
+
+
+def _batches(args, devices) -> tuple[int, ...]:
+    from harness.split import split_batch
+
+    if args.batches is not None:
+        if args.ratios is not None or args.batch is not None:
+            raise ValueError("give either --batches or --ratios/--batch, not both")
+        if len(args.batches) != len(devices):
+            raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {len(devices)} devices "
+                             f"{list(devices)}: give one per device")
+        if any(b < 1 for b in args.batches):
+            raise ValueError(f"--batches must be >= 1 each; got {args.batches}")
+        return tuple(args.batches)
+    batch = options.BATCH_PER_DEVICE * len(devices) if args.batch is None else args.batch
+    if batch < len(devices):
+        raise ValueError(f"--batch must be at least the device count ({len(devices)}); got {batch}")
+    return split_batch(batch, [1.0] * len(devices) if args.ratios is None else args.ratios)
+
+
+def _precheck(args) -> None:
+    options.check_common(args)
+    count = options.expected_device_count(args)
+    if args.batches is not None and count is not None and len(args.batches) != count:
+        raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {count} devices: give one "
+                         "per device")
+    if args.ratios is not None and count is not None and len(args.ratios) != count:
+        raise ValueError(f"--ratios has {len(args.ratios)} values {args.ratios} for {count} devices: give one "
+                         "per device")
+    if args.method == "single" and count not in (None, 1):
+        raise ValueError(f"--method single runs on one device; got {count} devices")
+    if args.batches is not None and any(b < 1 for b in args.batches):
+        raise ValueError(f"--batches must be >= 1 each; got {args.batches}")
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be >= 1; got {args.batch}")
+    if args.ratios is not None:
+        from harness.split import validate_ratios
+
+        validate_ratios(args.ratios, len(args.ratios))
+
+
+def run(args) -> int:
+    from harness.runner import RunConfig
+
+    _precheck(args)
+    setup = options.setup_devices(args)
+    method = args.method or ("towers" if len(setup.devices) > 1 else "single")
+    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
+                       _batches(args, setup.devices), seconds=args.seconds, windows=args.windows,
+                       warmup_steps=args.warmup_steps, emulate=setup.emulate, input_delay_ms=args.input_delay_ms,
+                       seed=args.seed)
+    out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind})
+    out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} device(s), batch "
+            f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s")
+    if setup.note:
+        out.say(setup.note)
+    result = out.guard(lambda: execute(config, setup, out))
+    out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
+               error=result["error"])
+    if args.json:
+        json.dump(out.record, sys.stdout, indent=2, default=str)
+        print()
+    elif result["status"] == "complete":
+        print(summary_text(result, setup))
+    if result["status"] != "complete":
+        print(f"harness run: {result['status']}: {result['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict:
+    """Runs ``config`` with progress and a record rewritten after each window."""
+    from harness.runner import run_one
+
+    telemetry = options.telemetry_for(setup)
+    partial = out.record.setdefault("partial", [])
+
+    def on_window(window):
+        partial.append(window)
+        out.clear_progress()
+        out.say(window_text(window, config.windows, prefix, compact))
+        out.save()
+
+    try:
+        return run_one(config, telemetry=telemetry, on_window=on_window, on_step=out.progress(prefix, config.windows))
+    finally:
+        out.clear_progress()
+        out.record.pop("partial", None)
+        if telemetry is not None:
+            telemetry.stop()
+
+
+def window_text(window: dict, windows: int, prefix: str = "", compact: bool = False) -> str:
+    """One window as a per-device table (as seed 000 prints it), or as one line."""
+    from harness.report import format_table
+    from harness.runner import SOURCES
+
+    head = (f"{prefix}window {window['index'] + 1}/{windows}: {window['steps']} steps, {window['seconds']:.2f} s, "
+            f"{window['samples_per_second']:.0f} samples/s")
+    devices = window["devices"]
+    if compact:
+        return head + " (" + ", ".join(
+            f"{d['device'].split('/')[-1].removeprefix('device:')} {d['samples_per_second']:.0f}"
+            + ("" if d.get("busy_fraction") is None else f" at {100 * d['busy_fraction']:.0f}% busy")
+            for d in devices) + ")"
+    has_busy = any("busy_fraction" in d for d in devices)
+    has_gpu = any(d.get("telemetry") for d in devices)
+    headers = ["device", "batch", "samples/s"] + (["busy", "busy sps"] if has_busy else [])
+    headers += ["GPU util", "GPU mem", "power", "temp", "SM clock"] if has_gpu else []
+    rows = []
+    for d in devices:
+        row = [d["device"], d["batch"], f"{d['samples_per_second']:.0f}"]
+        if has_busy:
+            row += [_fmt(d.get("busy_fraction"), "{:.0%}"), _fmt(d.get("busy_rate"), "{:.0f}")]
+        if has_gpu:
+            tel = d.get("telemetry") or {}
+            row += [_fmt(_mean(tel, "utilization_pct"), "{:.0f}%"), _fmt(_max(tel, "memory_used_mib"), "{:.0f} MiB"),
+                    _fmt(_mean(tel, "power_w"), "{:.0f} W"), _fmt(_max(tel, "temperature_c"), "{:.0f} C"),
+                    _fmt(_mean(tel, "sm_clock_mhz"), "{:.0f} MHz")]
+        rows.append(row + [d["source"]])
+    rows.append(["total", sum(d["batch"] for d in devices), f"{window['samples_per_second']:.0f}"]
+                + [""] * (len(headers) - 3) + [""])
+    table = format_table(rows, headers + ["how"])
+    legend = "\n".join(f"   how: {s} = {SOURCES[s]}" for s in sorted({d["source"] for d in devices}))
+    return head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
+
+
+def _fmt(value, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def _mean(telemetry: dict, field: str):
+    return (telemetry.get(field) or {}).get("mean")
+
+
+def _max(telemetry: dict, field: str):
+    return (telemetry.get(field) or {}).get("max")
+
+
+def summary_text(result: dict, setup) -> str:
+    s = result["summary"]["samples_per_second"]
+    text = (f"median {s['median']:.0f} samples/s over {s['n']} windows (spread {100 * (s['spread'] or 0):.1f}%)"
+            f"{' [emulated devices]' if setup.kind == 'emulated' else ''}")
+    inp = result.get("input")
+    if inp:
+        text += f"\ninput pipeline alone: {inp['samples_per_second']:.0f} samples/s"
+        if inp["starved"]:
+            text += " -- STARVED: the input pipeline cannot feed training (seed 003, tip 3)"
+    return text
+
+
+class Output:
+    """Printing, live progress and the result record of one CLI invocation."""
+
+    def __init__(self, args, kind: str, config: dict):
+        from harness.environment import fingerprint
+        from harness.results import new_record
+
+        self.args = args
+        self.record = new_record(kind, config, fingerprint(import_tf=True))
+        self.path = None
+        self._live = sys.stderr.isatty() and not args.json
+        self._dirty = False
+
+    def guard(self, work):
+        """``work()``; if it raises (Ctrl-C included), the record is saved as failed first."""
+        try:
+            return work()
+        except BaseException as err:
+            self.finish(status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
+            raise
+
+    def finish(self, **fields) -> None:
+        from datetime import datetime, timezone
+
+        self.record.update(fields, finished=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        self.save()
+        if self.path is not None:
+            self.say(f"record: {self.path}")
+
+    def say(self, text: str) -> None:
+        if not self.args.json:
+            print(text, flush=True)
+
+    def save(self) -> None:
+        if self.args.no_save:
+            return
+        from harness.results import write_record
+
+        self.path = write_record(self.record, self.args.results_dir)
+
+    def progress(self, prefix: str, windows: int):
+        def on_step(phase, steps, elapsed):
+            if not self._live:
+                return
+            where = "warm-up" if phase == "warmup" else f"window {phase + 1}/{windows}"
+            sys.stderr.write(f"\r{prefix}{where}: step {steps}, {elapsed:.1f} s   ")
+            sys.stderr.flush()
+            self._dirty = True
+
+        return on_step
+
+    def clear_progress(self) -> None:
+        if self._dirty:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
+            self._dirty = False

@@ -1,0 +1,222 @@
+"""Emulated heterogeneous devices: logical CPU devices that work at a chosen speed.
+
+``--emulate 1345:1100,875:700`` makes device 0 process 1345 samples/s and fail
+beyond 1100 samples per step, device 1 875 samples/s up to 700 samples. Each
+device's slice passes a *begin* op (start time; the memory check) before its
+computation and an *end* op after it, which sleeps until ``start + n / rate``.
+
+Both ops are ``tf.numpy_function(..., stateful=False)``: stateful Python ops
+are serialised by tf.function's automatic control dependencies, stateless ones
+overlap across devices like real GPUs (DESIGN.md). The end op gates the
+device's output, so it can be neither pruned nor skipped. A batch over the
+limit raises ``MemoryError`` inside the op, which TensorFlow turns into its own
+``ResourceExhaustedError`` - what a real GPU's out-of-memory raises.
+
+Every begin/end pair is logged with its device and sample count: the device's
+busy time, from which per-device figures are measured, not derived.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "add_zero"]
+
+_ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]+)\s*)?$")
+
+
+@dataclass(frozen=True)
+class EmulatedDevice:
+    """A device that processes ``rate`` samples/s and holds at most ``max_batch`` samples per step."""
+
+    rate: float
+    max_batch: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"emulated rate must be a positive number of samples/s; got rate={self.rate!r}")
+        if self.max_batch is not None and (isinstance(self.max_batch, bool) or int(self.max_batch) != self.max_batch
+                                           or self.max_batch < 1):
+            raise ValueError(f"emulated MAXBATCH must be an int >= 1; got max_batch={self.max_batch!r}")
+
+    def __str__(self) -> str:
+        return f"{self.rate:g} sps" + (f", max batch {self.max_batch}" if self.max_batch else "")
+
+    def to_json(self) -> dict:
+        return {"rate": self.rate, "max_batch": self.max_batch}
+
+
+def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
+    """Parses ``RATE[:MAXBATCH],...`` (or a list of such entries) into devices.
+
+    Raises:
+        ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1.
+
+    Example:
+        >>> parse_emulate("1345:1100,875")
+        (EmulatedDevice(rate=1345.0, max_batch=1100), EmulatedDevice(rate=875.0, max_batch=None))
+    """
+    entries = [spec] if isinstance(spec, str) else list(spec)
+    items = [part for entry in entries for part in str(entry).split(",")]
+    if not items or any(not part.strip() for part in items):
+        raise ValueError(f"--emulate wants RATE[:MAXBATCH] entries separated by commas; got {spec!r}")
+    devices = []
+    for part in items:
+        match = _ENTRY.match(part)
+        if not match:
+            raise ValueError(f"--emulate entry must be RATE or RATE:MAXBATCH; got {part.strip()!r}")
+        rate_text, max_text = match.groups()
+        try:
+            rate = float(rate_text)
+        except ValueError:
+            raise ValueError(
+                f"emulated rate must be a number of samples/s; got {rate_text!r} in {part.strip()!r}"
+            ) from None
+        max_batch = None
+        if max_text is not None:
+            try:
+                max_batch = int(max_text)
+            except ValueError:
+                raise ValueError(
+                    f"emulated MAXBATCH must be an integer; got {max_text!r} in {part.strip()!r}"
+                ) from None
+        devices.append(EmulatedDevice(rate, max_batch))
+    return tuple(devices)
+
+
+@dataclass(frozen=True)
+class BusyTime:
+    """What one emulated device did in a time range."""
+
+    device: str
+    seconds: float
+    samples: int
+    steps: int
+
+    @property
+    def rate(self) -> float | None:
+        """Samples per busy second: the device's own speed while it works."""
+        return self.samples / self.seconds if self.seconds > 0 else None
+
+
+class Emulator:
+    """Inserts the begin/end ops of emulated devices and logs their busy time.
+
+    Args:
+        devices: device name -> its ``EmulatedDevice``. Devices not in the
+            mapping run at their real speed.
+    """
+
+    def __init__(self, devices: Mapping[str, EmulatedDevice]):
+        self.devices = dict(devices)
+        self._lock = threading.Lock()
+        self._events: list[tuple[str, float, float, int]] = []
+
+    def __repr__(self) -> str:
+        return f"Emulator({', '.join(f'{d}: {e}' for d, e in self.devices.items())})"
+
+    # -- graph ops -----------------------------------------------------------
+    def begin(self, device: str, x):
+        """Gates ``x`` (a device's input slice) on the begin op; returns ``(x, token)``."""
+        import tensorflow as tf
+        from keras import tree
+
+        spec = self.devices.get(device)
+        if spec is None:
+            return x, None
+        leaf = tree.flatten(x)[0]
+
+        def start(batch):
+            n = len(batch)
+            if spec.max_batch is not None and n > spec.max_batch:
+                # TensorFlow raises MemoryError from a Python op as ResourceExhaustedError (its OOM type).
+                raise MemoryError(
+                    f"emulated out of memory on {device}: batch slice of {n} samples exceeds its "
+                    f"MAXBATCH {spec.max_batch}"
+                )
+            return time.perf_counter(), np.float32(0.0)
+
+        with tf.device(device):
+            # The op reads the slice itself: with an input known at trace time (its static size),
+            # Grappler would constant-fold the op, running it once while optimising the graph.
+            started, zero = tf.numpy_function(start, [leaf], (tf.float64, tf.float32), stateful=False,
+                                              name="emulate_begin")
+            started.set_shape(())
+            zero.set_shape(())
+            x = add_zero(x, zero)
+        return x, (started, tf.shape(leaf)[0])
+
+    def end(self, device: str, y, token):
+        """Gates ``y`` (the device's output) on the end op, which sleeps out the emulated time."""
+        from keras import tree
+
+        if token is None:
+            return y
+        return add_zero(y, self.finish(device, token, after=tree.flatten(y)[0]))
+
+    def finish(self, device: str, token, after):
+        """The end op: runs once ``after`` exists, sleeps until ``start + n / rate``, returns an exact 0.
+
+        Training steps pass the device's last backward result as ``after`` and
+        add the zero to the gradients, so the emulated time covers the device's
+        forward and backward work, as a real device's step time does.
+        """
+        import tensorflow as tf
+
+        spec = self.devices[device]
+        started, n = token
+
+        def finish(t0, count, _after):
+            t0, count = float(t0), int(count)
+            deadline = t0 + count / spec.rate
+            now = time.perf_counter()
+            if deadline > now:
+                time.sleep(deadline - now)
+                now = time.perf_counter()
+            with self._lock:
+                self._events.append((device, t0, now, count))
+            return np.float32(0.0)
+
+        with tf.device(device):
+            # Grappler drops control edges to stateless ops: the end op must feed the result as data
+            # (an exact zero it returns, which no optimiser can know) and read ``after`` itself.
+            zero = tf.numpy_function(finish, [started, n, after], tf.float32, stateful=False, name="emulate_end")
+            zero.set_shape(())
+        return zero
+
+    # -- the log -------------------------------------------------------------
+    def busy_between(self, t0: float, t1: float) -> dict[str, BusyTime]:
+        """Busy time and samples per device of the work that ended in ``(t0, t1]``."""
+        totals = {d: [0.0, 0, 0] for d in self.devices}
+        with self._lock:
+            events = list(self._events)
+        for device, start, end, count in events:
+            if t0 < end <= t1:
+                total = totals[device]
+                total[0] += end - max(start, t0)
+                total[1] += count
+                total[2] += 1
+        return {d: BusyTime(d, s, n, k) for d, (s, n, k) in totals.items()}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._events.clear()
+
+
+def add_zero(structure, zero):
+    """``structure`` with ``zero`` added to every numeric leaf: a data dependency that changes nothing."""
+    import tensorflow as tf
+    from keras import tree
+
+    def add(t):
+        t = tf.convert_to_tensor(t)
+        return t + tf.cast(zero, t.dtype) if (t.dtype.is_floating or t.dtype.is_integer) else t
+
+    return tree.map_structure(add, structure)
