@@ -145,7 +145,7 @@ def run_one(
     callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
                                warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[callback])
+        model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[callback], shuffle=False)
     except tf.errors.ResourceExhaustedError as err:
         result.update(status="oom", error=_oom_line(err))
         return result
