@@ -17,7 +17,7 @@ from enum import Enum
 
 from harness.emulate import EmulatedDevice
 
-__all__ = ["RunMethod", "RunConfig", "run_one", "SOURCES"]
+__all__ = ["RunMethod", "RunConfig", "run_one", "gpu_index", "SOURCES"]
 
 SOURCES = {
     "emulated": "emulated device: its own busy time (begin/end of its slice)",
@@ -172,12 +172,13 @@ def _build(config: RunConfig, workload):
 def _source(device: str, emulator, telemetry) -> str:
     if emulator is not None and device in emulator.devices:
         return "emulated"
-    if telemetry is not None and _gpu_index(device) is not None:
+    if telemetry is not None and gpu_index(device) is not None:
         return "nvml"
     return "share"
 
 
-def _gpu_index(device: str) -> int | None:
+def gpu_index(device: str) -> int | None:
+    """The CUDA index in a GPU device name (`/device:GPU:1` -> 1), else None."""
     match = re.search(r"GPU:(\d+)$", device, re.IGNORECASE)
     return int(match.group(1)) if match else None
 
@@ -192,7 +193,7 @@ def _window_record(window, config: RunConfig, emulator, telemetry) -> dict:
         if device in busy:
             row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
                        busy_rate=busy[device].rate)
-        stats = gpu_stats.get(_gpu_index(device)) if gpu_stats else None
+        stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None
         if stats:
             row["telemetry"] = {name: asdict(s) for name, s in stats.items()}
         devices.append(row)

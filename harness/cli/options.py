@@ -136,6 +136,6 @@ def telemetry_for(setup: DeviceSetup):
     if setup.kind != "GPU":
         return None
     from harness.nvml import TelemetrySampler
-    from harness.runner import _gpu_index
+    from harness.runner import gpu_index
 
-    return TelemetrySampler([i for i in (_gpu_index(d) for d in setup.devices) if i is not None]).start()
+    return TelemetrySampler([i for i in (gpu_index(d) for d in setup.devices) if i is not None]).start()
