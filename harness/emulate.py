@@ -1,9 +1,16 @@
 """Emulated heterogeneous devices: logical CPU devices that work at a chosen speed.
 
 ``--emulate 1345:1100,875:700`` makes device 0 process 1345 samples/s and fail
-beyond 1100 samples per step, device 1 875 samples/s up to 700 samples. Each
-device's slice passes a *begin* op (start time; the memory check) before its
-computation and an *end* op after it, which sleeps until ``start + n / rate``.
+beyond 1100 samples per step, device 1 875 samples/s up to 700 samples; a third
+field adds a fixed cost per step in milliseconds (``1438:1100:49`` is seed 000's
+1080 Ti: 684, 1128 and 1345 samples/s at batch 64, 256 and 1024). Each device's
+slice passes a *begin* op (start time; the memory check) before its computation
+and an *end* op after it, which sleeps until ``start + overhead + n / rate``.
+
+Rates can change while a model trains (``Emulator.set_rate``: a card that
+throttles), and devices may be *timed only* (``Emulator(timed=[...])``): their
+begin/end ops log real busy time without sleeping, which is how the rebalancer
+measures real devices.
 
 Both ops are ``tf.numpy_function(..., stateful=False)``: stateful Python ops
 are serialised by tf.function's automatic control dependencies, stateless ones
@@ -29,15 +36,16 @@ import numpy as np
 
 __all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "add_zero"]
 
-_ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]+)\s*)?$")
+_ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]*)\s*)?(?::\s*([^:\s]+)\s*)?$")
 
 
 @dataclass(frozen=True)
 class EmulatedDevice:
-    """A device that processes ``rate`` samples/s and holds at most ``max_batch`` samples per step."""
+    """A device that processes ``rate`` samples/s after ``overhead_ms`` per step, at most ``max_batch`` samples."""
 
     rate: float
     max_batch: int | None = None
+    overhead_ms: float = 0.0
 
     def __post_init__(self):
         if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
@@ -45,34 +53,44 @@ class EmulatedDevice:
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or int(self.max_batch) != self.max_batch
                                            or self.max_batch < 1):
             raise ValueError(f"emulated MAXBATCH must be an int >= 1; got max_batch={self.max_batch!r}")
+        if not (isinstance(self.overhead_ms, (int, float)) and math.isfinite(self.overhead_ms)
+                and self.overhead_ms >= 0):
+            raise ValueError(f"emulated OVERHEAD_MS must be a number >= 0; got overhead_ms={self.overhead_ms!r}")
 
     def __str__(self) -> str:
-        return f"{self.rate:g} sps" + (f", max batch {self.max_batch}" if self.max_batch else "")
+        return (f"{self.rate:g} sps" + (f" + {self.overhead_ms:g} ms/step" if self.overhead_ms else "")
+                + (f", max batch {self.max_batch}" if self.max_batch else ""))
+
+    def step_seconds(self, batch: int) -> float:
+        """The emulated time of one step on ``batch`` samples."""
+        return self.overhead_ms / 1000.0 + batch / self.rate
 
     def to_json(self) -> dict:
-        return {"rate": self.rate, "max_batch": self.max_batch}
+        return {"rate": self.rate, "max_batch": self.max_batch, "overhead_ms": self.overhead_ms}
 
 
 def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
-    """Parses ``RATE[:MAXBATCH],...`` (or a list of such entries) into devices.
+    """Parses ``RATE[:MAXBATCH[:OVERHEAD_MS]],...`` (or a list of such entries) into devices.
+
+    An empty MAXBATCH (``1000::20``) means no memory ceiling.
 
     Raises:
-        ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1.
+        ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1, overhead < 0.
 
     Example:
-        >>> parse_emulate("1345:1100,875")
-        (EmulatedDevice(rate=1345.0, max_batch=1100), EmulatedDevice(rate=875.0, max_batch=None))
+        >>> parse_emulate("1345:1100,875")[1]
+        EmulatedDevice(rate=875.0, max_batch=None, overhead_ms=0.0)
     """
     entries = [spec] if isinstance(spec, str) else list(spec)
     items = [part for entry in entries for part in str(entry).split(",")]
     if not items or any(not part.strip() for part in items):
-        raise ValueError(f"--emulate wants RATE[:MAXBATCH] entries separated by commas; got {spec!r}")
+        raise ValueError(f"--emulate wants RATE[:MAXBATCH[:OVERHEAD_MS]] entries separated by commas; got {spec!r}")
     devices = []
     for part in items:
         match = _ENTRY.match(part)
         if not match:
-            raise ValueError(f"--emulate entry must be RATE or RATE:MAXBATCH; got {part.strip()!r}")
-        rate_text, max_text = match.groups()
+            raise ValueError(f"--emulate entry must be RATE[:MAXBATCH[:OVERHEAD_MS]]; got {part.strip()!r}")
+        rate_text, max_text, overhead_text = match.groups()
         try:
             rate = float(rate_text)
         except ValueError:
@@ -80,14 +98,22 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
                 f"emulated rate must be a number of samples/s; got {rate_text!r} in {part.strip()!r}"
             ) from None
         max_batch = None
-        if max_text is not None:
+        if max_text:
             try:
                 max_batch = int(max_text)
             except ValueError:
                 raise ValueError(
                     f"emulated MAXBATCH must be an integer; got {max_text!r} in {part.strip()!r}"
                 ) from None
-        devices.append(EmulatedDevice(rate, max_batch))
+        overhead = 0.0
+        if overhead_text is not None:
+            try:
+                overhead = float(overhead_text)
+            except ValueError:
+                raise ValueError(
+                    f"emulated OVERHEAD_MS must be a number of milliseconds; got {overhead_text!r} in {part.strip()!r}"
+                ) from None
+        devices.append(EmulatedDevice(rate, max_batch, overhead))
     return tuple(devices)
 
 
@@ -112,15 +138,33 @@ class Emulator:
     Args:
         devices: device name -> its ``EmulatedDevice``. Devices not in the
             mapping run at their real speed.
+        timed: devices (not emulated) whose begin/end ops only log their real
+            busy time: what ``harness.Rebalance`` measures on real GPUs. The end
+            op reads one element of the device's last result, so its stamp
+            follows the device's work (a GPU tensor is copied to the host).
     """
 
-    def __init__(self, devices: Mapping[str, EmulatedDevice]):
+    def __init__(self, devices: Mapping[str, EmulatedDevice], timed: Sequence[str] = ()):
         self.devices = dict(devices)
+        self.timed = tuple(d for d in timed if d not in self.devices)
         self._lock = threading.Lock()
         self._events: list[tuple[str, float, float, int]] = []
 
     def __repr__(self) -> str:
-        return f"Emulator({', '.join(f'{d}: {e}' for d, e in self.devices.items())})"
+        timed = f"; timed {', '.join(self.timed)}" if self.timed else ""
+        return f"Emulator({', '.join(f'{d}: {e}' for d, e in self.devices.items())}{timed})"
+
+    def set_rate(self, device: str, rate: float) -> None:
+        """Changes an emulated device's speed from its next step on (a card that throttles or recovers)."""
+        if device not in self.devices:
+            raise ValueError(f"{device!r} is not an emulated device; emulated: {sorted(self.devices)}")
+        old = self.devices[device]
+        self.devices[device] = EmulatedDevice(rate, old.max_batch, old.overhead_ms)
+
+    @property
+    def logged(self) -> tuple[str, ...]:
+        """Every device whose busy time is logged: emulated, then timed."""
+        return tuple(self.devices) + self.timed
 
     # -- graph ops -----------------------------------------------------------
     def begin(self, device: str, x):
@@ -128,14 +172,14 @@ class Emulator:
         import tensorflow as tf
         from keras import tree
 
-        spec = self.devices.get(device)
-        if spec is None:
+        if device not in self.logged:
             return x, None
         leaf = tree.flatten(x)[0]
 
         def start(batch):
             n = len(batch)
-            if spec.max_batch is not None and n > spec.max_batch:
+            spec = self.devices.get(device)
+            if spec is not None and spec.max_batch is not None and n > spec.max_batch:
                 # TensorFlow raises MemoryError from a Python op as ResourceExhaustedError (its OOM type).
                 raise MemoryError(
                     f"emulated out of memory on {device}: batch slice of {n} samples exceeds its "
@@ -162,7 +206,7 @@ class Emulator:
         return add_zero(y, self.finish(device, token, after=tree.flatten(y)[0]))
 
     def finish(self, device: str, token, after):
-        """The end op: runs once ``after`` exists, sleeps until ``start + n / rate``, returns an exact 0.
+        """The end op: runs once ``after`` exists, sleeps until the emulated end, returns an exact 0.
 
         Training steps pass the device's last backward result as ``after`` and
         add the zero to the gradients, so the emulated time covers the device's
@@ -170,12 +214,14 @@ class Emulator:
         """
         import tensorflow as tf
 
-        spec = self.devices[device]
+        from keras import tree
+
         started, n = token
 
         def finish(t0, count, _after):
             t0, count = float(t0), int(count)
-            deadline = t0 + count / spec.rate
+            spec = self.devices.get(device)  # read per step: set_rate applies from the next step
+            deadline = t0 + spec.step_seconds(count) if spec is not None else t0
             now = time.perf_counter()
             if deadline > now:
                 time.sleep(deadline - now)
@@ -186,15 +232,20 @@ class Emulator:
 
         with tf.device(device):
             # Grappler drops control edges to stateless ops: the end op must feed the result as data
-            # (an exact zero it returns, which no optimiser can know) and read ``after`` itself.
-            zero = tf.numpy_function(finish, [started, n, after], tf.float32, stateful=False, name="emulate_end")
+            # (an exact zero it returns, which no optimiser can know) and read ``after`` itself - one
+            # element of it, so a GPU result costs a 4-byte copy, not the whole tensor.
+            leaf = tree.flatten(after)[0]
+            if isinstance(leaf, tf.IndexedSlices):
+                leaf = leaf.values
+            probe = tf.reshape(leaf, [-1])[:1]
+            zero = tf.numpy_function(finish, [started, n, probe], tf.float32, stateful=False, name="emulate_end")
             zero.set_shape(())
         return zero
 
     # -- the log -------------------------------------------------------------
     def busy_between(self, t0: float, t1: float) -> dict[str, BusyTime]:
         """Busy time and samples per device of the work that ended in ``(t0, t1]``."""
-        totals = {d: [0.0, 0, 0] for d in self.devices}
+        totals = {d: [0.0, 0, 0] for d in self.logged}
         with self._lock:
             events = list(self._events)
         for device, start, end, count in events:

@@ -32,7 +32,9 @@ def _harness(args: list[str], tmp_path, timeout: float = 240) -> subprocess.Comp
 def test_parse_emulate():
     assert parse_emulate("1345:1100, 875") == (EmulatedDevice(1345.0, 1100), EmulatedDevice(875.0, None))
     assert parse_emulate(["1000", "500:8"]) == (EmulatedDevice(1000.0), EmulatedDevice(500.0, 8))
-    for bad in ("", "0", "-1", "nan", "inf", "1:0", "1:1.5", "a:b", "1:2:3"):
+    assert parse_emulate("1438:1100:49,900::5") == (EmulatedDevice(1438.0, 1100, 49.0), EmulatedDevice(900.0, None, 5.0))
+    assert EmulatedDevice(1438.0, None, 49.0).step_seconds(1024) == pytest.approx(0.049 + 1024 / 1438)
+    for bad in ("", "0", "-1", "nan", "inf", "1:0", "1:1.5", "a:b", "1:2:3:4", "1:2:x", "1:2:-1", "1:2:inf"):
         with pytest.raises(ValueError, match="emulat"):
             parse_emulate(bad)
 

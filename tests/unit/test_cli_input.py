@@ -20,7 +20,7 @@ from harness.cli import main
         (["run", "--emulate", "1345:0,875"], "MAXBATCH must be an int >= 1; got max_batch=0"),
         (["run", "--emulate", "fast,875"], "got 'fast'"),
         (["run", "--emulate", "1345:big"], "got 'big'"),
-        (["run", "--emulate", "1345,,875"], "RATE[:MAXBATCH]"),
+        (["run", "--emulate", "1345,,875"], "RATE[:MAXBATCH[:OVERHEAD_MS]]"),
         (["run", "--seconds", "0"], "--seconds must be > 0; got 0"),
         (["compare", "--seconds", "-1"], "--seconds must be > 0; got -1"),
         (["run", "--windows", "0"], "--windows must be >= 1; got 0"),

@@ -1,0 +1,1 @@
+"""Auto-balancing: memory ceilings, throughput curves, the best split, online rebalancing."""
