@@ -21,6 +21,8 @@ __all__ = [
     "compare_training",
     "assert_equivalent",
     "EquivalenceReport",
+    "tune",
+    "Rebalance",
 ]
 
 _LAZY = {
@@ -30,6 +32,8 @@ _LAZY = {
     "compare_training": "harness.equivalence",
     "EquivalenceReport": "harness.equivalence",
     "assert_equivalent": "harness.testing",
+    "tune": "harness.tuning.tuner",
+    "Rebalance": "harness.tuning.rebalance",
 }
 
 

@@ -20,11 +20,14 @@ limit raises ``MemoryError`` inside the op, which TensorFlow turns into its own
 ``ResourceExhaustedError`` - what a real GPU's out-of-memory raises.
 
 Every begin/end pair is logged with its device and sample count: the device's
-busy time, from which per-device figures are measured, not derived.
+busy time, from which per-device figures are measured, not derived. The log
+keeps the latest ``Emulator.MAX_EVENTS`` pairs (a rebalanced model logs every
+step of its training), in the order they ended.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import threading
@@ -51,15 +54,15 @@ class EmulatedDevice:
         if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
             raise ValueError(f"emulated rate must be a positive number of samples/s; got rate={self.rate!r}")
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or int(self.max_batch) != self.max_batch
-                                           or self.max_batch < 1):
-            raise ValueError(f"emulated MAXBATCH must be an int >= 1; got max_batch={self.max_batch!r}")
+                                           or self.max_batch < 0):
+            raise ValueError(f"emulated MAXBATCH must be an int >= 0; got max_batch={self.max_batch!r}")
         if not (isinstance(self.overhead_ms, (int, float)) and math.isfinite(self.overhead_ms)
                 and self.overhead_ms >= 0):
             raise ValueError(f"emulated OVERHEAD_MS must be a number >= 0; got overhead_ms={self.overhead_ms!r}")
 
     def __str__(self) -> str:
         return (f"{self.rate:g} sps" + (f" + {self.overhead_ms:g} ms/step" if self.overhead_ms else "")
-                + (f", max batch {self.max_batch}" if self.max_batch else ""))
+                + (f", max batch {self.max_batch}" if self.max_batch is not None else ""))
 
     def step_seconds(self, batch: int) -> float:
         """The emulated time of one step on ``batch`` samples."""
@@ -72,7 +75,8 @@ class EmulatedDevice:
 def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
     """Parses ``RATE[:MAXBATCH[:OVERHEAD_MS]],...`` (or a list of such entries) into devices.
 
-    An empty MAXBATCH (``1000::20``) means no memory ceiling.
+    An empty MAXBATCH (``1000::20``) means no memory ceiling; 0 a device that
+    cannot even hold the model (every step runs out of memory).
 
     Raises:
         ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1, overhead < 0.
@@ -144,6 +148,8 @@ class Emulator:
             follows the device's work (a GPU tensor is copied to the host).
     """
 
+    MAX_EVENTS = 100_000  # the oldest half is dropped beyond this: windows read recent work only
+
     def __init__(self, devices: Mapping[str, EmulatedDevice], timed: Sequence[str] = ()):
         self.devices = dict(devices)
         self.timed = tuple(d for d in timed if d not in self.devices)
@@ -160,6 +166,10 @@ class Emulator:
             raise ValueError(f"{device!r} is not an emulated device; emulated: {sorted(self.devices)}")
         old = self.devices[device]
         self.devices[device] = EmulatedDevice(rate, old.max_batch, old.overhead_ms)
+
+    def add_timed(self, devices: Sequence[str]) -> None:
+        """Times these devices too (those not emulated or timed yet); step functions traced before miss them."""
+        self.timed += tuple(d for d in dict.fromkeys(devices) if d not in self.logged)
 
     @property
     def logged(self) -> tuple[str, ...]:
@@ -213,7 +223,6 @@ class Emulator:
         forward and backward work, as a real device's step time does.
         """
         import tensorflow as tf
-
         from keras import tree
 
         started, n = token
@@ -225,9 +234,10 @@ class Emulator:
             now = time.perf_counter()
             if deadline > now:
                 time.sleep(deadline - now)
-                now = time.perf_counter()
-            with self._lock:
-                self._events.append((device, t0, now, count))
+            with self._lock:  # stamped under the lock: the log stays in order of end time
+                self._events.append((device, t0, time.perf_counter(), count))
+                if len(self._events) > self.MAX_EVENTS:
+                    del self._events[: len(self._events) // 2]
             return np.float32(0.0)
 
         with tf.device(device):
@@ -247,9 +257,9 @@ class Emulator:
         """Busy time and samples per device of the work that ended in ``(t0, t1]``."""
         totals = {d: [0.0, 0, 0] for d in self.logged}
         with self._lock:
-            events = list(self._events)
+            events = self._events[_first_ending_after(self._events, t0):]
         for device, start, end, count in events:
-            if t0 < end <= t1:
+            if end <= t1:
                 total = totals[device]
                 total[0] += end - max(start, t0)
                 total[1] += count
@@ -259,6 +269,25 @@ class Emulator:
     def clear(self) -> None:
         with self._lock:
             self._events.clear()
+
+
+def _first_ending_after(events: list, t0: float) -> int:
+    """Index of the first event ending after ``t0`` in a log ordered by end time."""
+    ends = _EndTimes(events)
+    return bisect.bisect_right(ends, t0)
+
+
+class _EndTimes:
+    """A read-only view of the events' end times, for ``bisect`` (whose ``key=`` needs Python 3.10)."""
+
+    def __init__(self, events: list):
+        self._events = events
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __getitem__(self, i: int) -> float:
+        return self._events[i][2]
 
 
 def add_zero(structure, zero):

@@ -135,6 +135,7 @@ def compare_training(
     class_weight=None,
     sync_batchnorm: bool = True,
     seed: int = 0,
+    callbacks=None,
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
@@ -153,6 +154,8 @@ def compare_training(
         optimizer: a name, an optimizer (copied via its config) or a factory.
         loss, metrics, sample_weight, class_weight: as for ``compile``/``fit``.
         seed: seeds Keras before building the models.
+        callbacks: Keras callbacks for the parallel run only, e.g. one that
+            calls ``self.model.set_ratios(...)`` between steps.
 
     Returns:
         An ``EquivalenceReport`` covering every weight and optimizer variable.
@@ -187,9 +190,9 @@ def compare_training(
         sample_weight=sample_weight, class_weight=class_weight,
     )
     histories = []
-    for model in (single, parallel):
+    for model, extra in ((single, None), (parallel, callbacks)):
         model.compile(optimizer=_fresh_optimizer(optimizer), loss=loss, metrics=metrics)
-        histories.append(model.fit(x, y, **fit_args).history)
+        histories.append(model.fit(x, y, callbacks=extra, **fit_args).history)
 
     diffs = _diff_variables(single.weights, template.weights, "")
     diffs += _diff_variables(single.optimizer.variables, parallel.optimizer.variables, "optimizer/")

@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.results import write_bytes_atomic
 
-__all__ = ["bar_chart", "format_table", "ratio_to_best"]
+__all__ = ["bar_chart", "curve_chart", "format_table", "ratio_to_best"]
 
 _NUMBER = re.compile(r"^[-+]?(\d[\d,_]*(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*(%|x|×)?$")
 _PLACEHOLDERS = {"", "-", "—", "n/a"}
@@ -149,6 +149,61 @@ def bar_chart(
     _label_bars(axes, checked, spreads, texts, best, horizontal)
     _set_axes(axes, labels, title, ylabel, horizontal)
     figure.tight_layout(rect=(0, 0.06 if footnote else 0, 1, 1))
+    if footnote:
+        figure.text(0.01, 0.01, footnote, fontsize=8, color="dimgray", ha="left", va="bottom")
+    path = Path(path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png")
+    return write_bytes_atomic(path, buffer.getvalue())
+
+
+def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnote: str | None = None) -> Path:
+    """Samples/s against batch size, one colour per device: measured points, fitted curve, ceiling, choice.
+
+    Args:
+        curves: one dict per device: ``label``, ``points`` (``[(batch, samples/s)]``),
+            ``fit`` (``(fixed_s, per_sample_s)`` or None), ``ceiling`` (int or None),
+            ``chosen`` (``(batch, samples/s)`` or None).
+        path: the image file (``.png``).
+        title: the chart title.
+        footnote: small text under the chart.
+
+    Returns:
+        ``path`` as a Path.
+    """
+    if not curves:
+        raise ValueError("curve_chart needs at least one curve; got none")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.5, 4.5), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    top = max([c["ceiling"] or 0 for c in curves] + [b for c in curves for b, _ in c["points"]] + [2])
+    for i, curve in enumerate(curves):
+        colour = f"C{i}"
+        if curve.get("fit"):
+            fixed, per_sample = curve["fit"]
+            xs = [1 + (top * 1.05 - 1) * k / 200 for k in range(201)]
+            axes.plot(xs, [x / (fixed + x * per_sample) for x in xs], color=colour, alpha=0.6, lw=1.2)
+        if curve["points"]:
+            bx, by = zip(*curve["points"])
+            axes.plot(bx, by, "o", color=colour, label=curve["label"], ms=5)
+        if curve.get("ceiling"):
+            axes.axvline(curve["ceiling"], color=colour, ls="--", lw=1)
+            axes.annotate(f"ceiling {curve['ceiling']}", (curve["ceiling"], 0), xytext=(-3, 3 + 12 * i),
+                          textcoords="offset points", color=colour, fontsize=8, ha="right")
+        if curve.get("chosen"):
+            axes.plot(*curve["chosen"], marker="*", ms=16, color=colour, markeredgecolor="black")
+    axes.plot([], [], "*", color="gray", markeredgecolor="black", ms=12, label="chosen batch")
+    axes.set_xlim(0, top * 1.08)
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("batch size on the device")
+    axes.set_ylabel("samples/s, device alone")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.02, 0.15))
+    figure.tight_layout(rect=(0, 0.05 if footnote else 0, 1, 1))
     if footnote:
         figure.text(0.01, 0.01, footnote, fontsize=8, color="dimgray", ha="left", va="bottom")
     path = Path(path)

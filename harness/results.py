@@ -73,6 +73,7 @@ class RecordKind(str, Enum):
 
     RUN = "run"
     COMPARE = "compare"
+    TUNE = "tune"
 
 
 class RecordStatus(str, Enum):

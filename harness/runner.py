@@ -40,6 +40,12 @@ class RunConfig:
 
     ``batches`` are per-device batch sizes, as seed 000's ``--batches 820 568``;
     the global batch is their sum and the split ratios are the batches themselves.
+
+    ``rebalance_every`` trains with ``harness.Rebalance(every=...)``: the batches
+    are then the starting split, and each window records the devices' batches
+    at its end. ``throttle`` entries ``(device_index, rate, at_step)`` change an
+    emulated device's rate (samples/s) before training step ``at_step``
+    (counted from 0, warm-up steps included): a card that throttles mid-run.
     """
 
     model: str
@@ -55,10 +61,14 @@ class RunConfig:
     seed: int = 0
     label: str = ""
     notes: tuple[str, ...] = field(default=())
+    rebalance_every: int | None = None
+    throttle: tuple[tuple[int, float, int], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
         object.__setattr__(self, "batches", tuple(self.batches))
+        object.__setattr__(self, "throttle", tuple(
+            tuple(entry) if isinstance(entry, (list, tuple)) else entry for entry in self.throttle))
         if self.emulate is not None:
             object.__setattr__(self, "emulate", tuple(self.emulate))
         self.validate()
@@ -97,12 +107,47 @@ class RunConfig:
                 f"need one emulated device per device: {len(self.devices)} devices but {len(self.emulate)} "
                 f"--emulate entries"
             )
+        self._validate_rebalance()
+
+    def _validate_rebalance(self) -> None:
+        every = self.rebalance_every
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ValueError(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
+                                 f"{every!r}")
+            if self.method == RunMethod.SINGLE:
+                raise ValueError("rebalance_every needs a parallel method (towers or mirrored); got method 'single'")
+        for entry in self.throttle:
+            check_throttle(entry, len(self.devices))
+            if self.emulate is None:
+                raise ValueError(f"throttle changes an emulated device's rate: it needs emulate=...; got "
+                                 f"throttle={[list(t) for t in self.throttle]} without emulated devices")
 
     def to_json(self) -> dict:
         out = asdict(self)
         out["emulate"] = None if self.emulate is None else [e.to_json() for e in self.emulate]
+        out["throttle"] = [{"device": i, "rate": rate, "at_step": step} for i, rate, step in self.throttle]
         out["batch"] = self.batch
         return out
+
+
+def check_throttle(entry, devices: int) -> tuple[int, float, int]:
+    """Checks one ``(device_index, rate, at_step)`` throttle entry for ``devices`` devices; returns it.
+
+    Raises:
+        ValueError: naming the entry: not three values, index out of range, rate not positive, step < 0.
+    """
+    if not isinstance(entry, tuple) or len(entry) != 3:
+        raise ValueError(f"a throttle entry is (device_index, rate, at_step); got {entry!r}")
+    index, rate, step = entry
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < devices:
+        raise ValueError(f"throttle device index must be 0..{devices - 1} ({devices} devices); got {index!r} in "
+                         f"{entry!r}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"throttle rate must be a positive number of samples/s; got {rate!r} in {entry!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"throttle step must be an int >= 0; got {step!r} in {entry!r}")
+    return entry
 
 
 def run_one(
@@ -121,7 +166,8 @@ def run_one(
         on_step: passed to ``harness.measure.window_callback`` (live progress).
 
     Returns:
-        ``{"config", "status" ("complete" | "oom"), "windows", "summary", "input", "error"}``.
+        ``{"config", "status" ("complete" | "oom"), "windows", "summary", "input", "error"}``,
+        plus ``"rebalance"`` (``Rebalance.history``) when rebalancing.
         Out-of-memory (real or emulated) is a result, not an exception.
     """
     import tensorflow as tf
@@ -136,16 +182,24 @@ def run_one(
                                     input_delay_ms=config.input_delay_ms)
     result = {"config": config.to_json(), "status": "running", "windows": [], "summary": None, "input": None,
               "error": None}
+    extra = _extra_callbacks(config, model)
+    history = extra[-1].history if config.rebalance_every is not None else None
+    if history is not None:
+        result["rebalance"] = history
 
     def finished(window):
-        result["windows"].append(_window_record(window, config, model.emulator, telemetry))
+        record = _window_record(window, config, model.emulator, telemetry, _current_batches(config, model))
+        if history is not None:
+            seen = sum(len(w["resplits"]) for w in result["windows"])
+            record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
+        result["windows"].append(record)
         if on_window is not None:
             on_window(result["windows"][-1])
 
     callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
                                warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[callback], shuffle=False)
+        model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback], shuffle=False)
     except tf.errors.ResourceExhaustedError as err:
         result.update(status="oom", error=_oom_line(err))
         return result
@@ -169,6 +223,50 @@ def _build(config: RunConfig, workload):
     return model
 
 
+def _extra_callbacks(config: RunConfig, model) -> list:
+    """The throttle and rebalance callbacks a config asks for (the rebalancer last)."""
+    callbacks = []
+    if config.throttle:
+        callbacks.append(_throttle_callback(config, model))
+    if config.rebalance_every is not None:
+        from harness.tuning.rebalance import Rebalance
+
+        callbacks.append(Rebalance(every=config.rebalance_every))
+    return callbacks
+
+
+def _throttle_callback(config: RunConfig, model):
+    import keras
+
+    pending = sorted(config.throttle, key=lambda entry: entry[2])
+
+    class _Throttle(keras.callbacks.Callback):
+        """Sets emulated rates before the configured training steps."""
+
+        def __init__(self):
+            super().__init__()
+            self.step = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            while pending and pending[0][2] <= self.step:
+                index, rate, _ = pending.pop(0)
+                model.emulator.set_rate(config.devices[index], rate)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+
+    return _Throttle()
+
+
+def _current_batches(config: RunConfig, model) -> tuple[int, ...]:
+    """The per-device batches now: the configured ones, or the rebalancer's latest split."""
+    if config.rebalance_every is None:
+        return config.batches
+    from harness.split import split_batch
+
+    return split_batch(config.batch, model.ratios)
+
+
 def _source(device: str, emulator, telemetry) -> str:
     if emulator is not None and device in emulator.devices:
         return "emulated"
@@ -183,12 +281,19 @@ def gpu_index(device: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _window_record(window, config: RunConfig, emulator, telemetry) -> dict:
+def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None) -> dict:
+    """One window's figures; ``batches``: the devices' batches at its end (default: the config's).
+
+    When the batches changed during the window (rebalancing), a device's
+    samples/s counts the samples its logged steps did, not batch x steps.
+    """
     busy = emulator.busy_between(window.start, window.end) if emulator is not None else {}
     gpu_stats = telemetry.window(window.start, window.end) if telemetry is not None else {}
+    moving = batches is not None and config.rebalance_every is not None
     devices = []
-    for device, batch in zip(config.devices, config.batches):
-        row = {"device": device, "batch": batch, "samples_per_second": batch * window.steps / window.seconds,
+    for device, batch in zip(config.devices, config.batches if batches is None else batches):
+        samples = busy[device].samples if moving and device in busy else batch * window.steps
+        row = {"device": device, "batch": batch, "samples_per_second": samples / window.seconds,
                "source": _source(device, emulator, telemetry)}
         if device in busy:
             row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
@@ -207,7 +312,8 @@ def _summary(windows: Sequence[dict]) -> dict:
     out = {"samples_per_second": summarize([w["samples_per_second"] for w in windows]), "devices": []}
     for i, first in enumerate(windows[0]["devices"] if windows else []):
         rows = [w["devices"][i] for w in windows]
-        entry = {"device": first["device"], "batch": first["batch"], "source": first["source"],
+        # The last window's batch: the split a rebalanced run ended on (the same throughout otherwise).
+        entry = {"device": first["device"], "batch": rows[-1]["batch"], "source": first["source"],
                  "samples_per_second": summarize([r["samples_per_second"] for r in rows])}
         if "busy_fraction" in first:
             entry["busy_fraction"] = summarize([r["busy_fraction"] for r in rows])

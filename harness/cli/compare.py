@@ -1,9 +1,11 @@
 """``harness compare``: one workload, every way of spreading it, side by side.
 
-Runs, in one process and on the same devices: each device alone, even towers,
-even mirrored, ratio towers and ratio mirrored, then prints samples/s with the
-ratio to the best, writes a PNG bar chart and a JSON record. The ratio split is
-``--ratios`` if given, else the devices' own measured single-device speeds.
+Runs, in one process and on the same devices: each device alone, then the
+even, ratio and tuned splits with towers and mirrored, then prints samples/s
+with the ratio to the best, writes a PNG bar chart and a JSON record. The ratio
+split is ``--ratios`` if given, else the devices' own measured single-device
+speeds; the tuned split is ``harness tune``'s for the same global batch (each
+device profiled alone: memory ceiling, step-time curve; ``--no-tune`` skips it).
 
 With no arguments on a machine without GPUs it replays seed 000's story on two
 emulated devices (a GTX 1080 Ti at 1345 samples/s and a GTX 1080 at 875): even
@@ -37,6 +39,7 @@ def add_parser(subparsers) -> None:
                    help="ratio split to compare (default: the devices' measured single-device samples/s)")
     p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=["towers", "mirrored"],
                    help="parallel methods to compare (default both)")
+    p.add_argument("--no-tune", action="store_true", help="leave out the tuned split (saves the profiling time)")
     p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
     p.set_defaults(run=run)
 
@@ -95,15 +98,22 @@ def run(args) -> int:
         return result
 
     def work():
-        total = n + 2 * len(args.methods)
+        total = n + (2 if args.no_tune else 3) * len(args.methods)
         solo = [measure(label, config, total) for label, config in singles]
         ratios, source = _ratio_split(args, solo)
         out.record["ratio_source"] = source
-        even = split_batch(batch, [1.0] * n)
-        ratio = split_batch(batch, ratios)
-        for name, split in (("even", even), ("ratio", ratio)):
+        splits = [("even", split_batch(batch, [1.0] * n)), ("ratio", split_batch(batch, ratios))]
+        if not args.no_tune:
+            splits.append(("tuned", _tuned_split(args, setup, size, batch, out)))
+        for name, split in splits:
+            if split is None:
+                continue
+            used = [i for i, b in enumerate(split) if b > 0]  # the tuned split may leave a slow device out
+            emulate = None if setup.emulate is None else tuple(setup.emulate[i] for i in used)
             for method in args.methods:
-                config = RunConfig(args.model, size, method, setup.devices, split, emulate=setup.emulate, **common)
+                config = RunConfig(args.model, size, method if len(used) > 1 else "single",
+                                   tuple(setup.devices[i] for i in used), tuple(split[i] for i in used),
+                                   emulate=emulate, **common)
                 measure(f"{name} {method}", config, total)
 
     out.guard(work)
@@ -119,6 +129,31 @@ def run(args) -> int:
         if plot is not None:
             print(f"chart: {plot}")
     return 0
+
+
+def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | None:
+    """``harness tune``'s split of ``batch``: profile each device alone, then solve."""
+    from harness import workloads
+    from harness.tuning.solver import solve_split
+    from harness.tuning.tuner import profile_devices, usable_ceilings
+
+    out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
+    specs = setup.emulate or [None] * len(setup.devices)
+    quiet = lambda text: None if text.startswith("    batch") else out.say(text)  # noqa: E731
+    probes, records = profile_devices(workloads.get(args.model), size, setup.devices, specs, limit=batch,
+                                      seed=args.seed, on_event=quiet)
+    for probe, _ in probes:
+        probe.release()
+    ceilings = usable_ceilings(probes, 0.05)
+    out.record["tuning"] = {"devices": records, "usable_ceilings": ceilings}
+    if batch > sum(ceilings):
+        out.record["tuning"]["error"] = (f"global batch {batch} exceeds the devices' memory together "
+                                         f"({sum(ceilings)}): no tuned split")
+        out.say(out.record["tuning"]["error"])
+        return None
+    split = solve_split([fit.model for _, fit in probes], ceilings, batch)
+    out.record["tuning"]["split"] = split.to_json()
+    return split.batches
 
 
 def _execute(config, setup, out):

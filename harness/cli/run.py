@@ -11,12 +11,16 @@ Examples:
     harness run                                   # seed 000's emulated GPUs without a GPU
     harness run --gpus 0 1 --batches 820 568      # the seed's best split on real GPUs
     harness run --emulate 1345,875 --ratios 3 2 --batch 1000 --method mirrored
+    harness run --emulate 1000,1000 --batch 200 --rebalance 10 --throttle 1:400@40 --windows 6
+                                                  # device 1 throttles at step 40; the split follows it
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 
 from harness.cli import options
@@ -33,7 +37,41 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batches", nargs="+", type=int, metavar="B", help="per-device batch sizes, e.g. 820 568")
     p.add_argument("--ratios", nargs="+", type=float, metavar="R", help="split ratios, with --batch (default even)")
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
+    p.add_argument("--rebalance", type=int, metavar="EVERY",
+                   help="re-split the batch while training from measured device step times, measuring every "
+                        "EVERY steps (harness.Rebalance); the global batch stays the same")
+    p.add_argument("--throttle", nargs="+", metavar="INDEX:RATE@STEP",
+                   help="emulated device INDEX drops (or rises) to RATE samples/s from training step STEP on, "
+                        "e.g. 1:400@40 (needs --emulate)")
     p.set_defaults(run=run)
+
+
+_THROTTLE = re.compile(r"^\s*(\d+)\s*:\s*([^@\s]+)\s*@\s*(\d+)\s*$")
+
+
+def parse_throttle(entries, count: int | None = None) -> tuple[tuple[int, float, int], ...]:
+    """``["1:400@40"]`` -> ``((1, 400.0, 40),)``; ``count`` devices, when known, bounds INDEX.
+
+    Raises:
+        ValueError: naming the bad entry.
+    """
+    out = []
+    for entry in entries or ():
+        match = _THROTTLE.match(entry)
+        if not match:
+            raise ValueError(f"--throttle wants INDEX:RATE@STEP entries such as 1:400@40; got {entry!r}")
+        index, step = int(match.group(1)), int(match.group(3))
+        try:
+            rate = float(match.group(2))
+        except ValueError:
+            raise ValueError(f"--throttle RATE must be a number of samples/s; got {match.group(2)!r} in "
+                             f"{entry!r}") from None
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"--throttle RATE must be a positive number of samples/s; got {entry!r}")
+        if count is not None and index >= count:
+            raise ValueError(f"--throttle INDEX must name one of the {count} devices (0..{count - 1}); got {entry!r}")
+        out.append((index, rate, step))
+    return tuple(out)
 
 
 def _batches(args, devices) -> tuple[int, ...]:
@@ -73,6 +111,18 @@ def _precheck(args) -> None:
         from harness.split import validate_ratios
 
         validate_ratios(args.ratios, len(args.ratios))
+    _precheck_rebalance(args, count)
+
+
+def _precheck_rebalance(args, count: int | None) -> None:
+    if args.rebalance is not None:
+        if args.rebalance < 1:
+            raise ValueError(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
+        if args.method == "single" or count == 1:
+            raise ValueError("--rebalance re-splits the batch over several devices; got one device")
+    throttle = parse_throttle(args.throttle, count)
+    if throttle and args.emulate is None and (args.devices or args.logical_cpus is not None):
+        raise ValueError("--throttle changes an emulated device's rate: use it with --emulate")
 
 
 def run(args) -> int:
@@ -84,12 +134,15 @@ def run(args) -> int:
     config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
                        _batches(args, setup.devices), seconds=args.seconds, windows=args.windows,
                        warmup_steps=args.warmup_steps, emulate=setup.emulate, input_delay_ms=args.input_delay_ms,
-                       seed=args.seed)
+                       seed=args.seed, rebalance_every=args.rebalance, throttle=parse_throttle(args.throttle))
     out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind})
     out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} device(s), batch "
             f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s")
     if setup.note:
         out.say(setup.note)
+    if config.rebalance_every or config.throttle:
+        out.say("; ".join([f"rebalancing every {config.rebalance_every} steps"] * bool(config.rebalance_every)
+                          + [f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle]))
     result = out.guard(lambda: execute(config, setup, out))
     out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
                error=result["error"])
@@ -158,7 +211,15 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
                 + [""] * (len(headers) - 3) + [""])
     table = format_table(rows, headers + ["how"])
     legend = "\n".join(f"   how: {s} = {SOURCES[s]}" for s in sorted({d["source"] for d in devices}))
-    return head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
+    return (head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
+            + _resplit_text(window))
+
+
+def _resplit_text(window: dict) -> str:
+    """The rebalancer's re-splits during a window, one line each."""
+    from harness.tuning.resplit import describe
+
+    return "".join(f"\n   {describe(entry)}" for entry in window.get("resplits") or ())
 
 
 def _fmt(value, pattern: str) -> str:

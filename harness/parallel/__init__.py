@@ -14,7 +14,7 @@ _METHODS = ("towers", "mirrored")
 def parallelize(
     model,
     devices: int | Sequence[str | int],
-    ratios: Sequence[float] | None = None,
+    ratios: Sequence[float] | str | None = None,
     method: str = "mirrored",
     sync_batchnorm: bool = True,
     merge_device: str | None = None,
@@ -32,6 +32,14 @@ def parallelize(
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU).
         ratios: one positive number per device; ``None`` splits evenly.
+            ``"auto"`` starts even and tunes the split while it trains: every
+            ``fit`` gets a built-in ``harness.Rebalance`` (``model.rebalancer``)
+            that times each device's step (``model.time_devices()``) and, after
+            the first few steps and whenever the devices drift apart by more
+            than 5%, re-splits in proportion to their measured samples per
+            busy second. The global batch never changes and every step stays
+            exact whatever the split; ``model.ratios`` is the current split.
+            Loops of ``train_on_batch`` are not rebalanced.
         method: ``"mirrored"`` (``tf.distribute.MirroredStrategy``) or
             ``"towers"`` (one graph, variables on one device).
         sync_batchnorm: BatchNormalization statistics and moving averages of
@@ -56,6 +64,7 @@ def parallelize(
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         >>> parallel = harness.parallelize(model, devices, ratios=[3, 2])
         >>> parallel.compile(optimizer="sgd", loss="mse")
+        >>> tuned = harness.parallelize(model, devices, ratios="auto")  # split tuned while training
     """
     import keras
 
@@ -70,13 +79,32 @@ def parallelize(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
         )
     names = resolve_devices(devices)
-    ratios = validate_ratios([1.0] * len(names) if ratios is None else ratios, len(names))
+    auto = _is_auto(ratios)
+    ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
     merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
     if method == "towers":
         from harness.parallel.towers import TowersModel as cls
     else:
         from harness.parallel.mirrored import MirroredModel as cls
-    return cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+    parallel = cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+    if auto:
+        from harness.tuning.rebalance import Rebalance
+
+        parallel.time_devices()
+        parallel._rebalancer_ref.value = Rebalance(every=AUTO_EVERY, warmup=AUTO_WARMUP)
+    return parallel
+
+
+AUTO_EVERY = 10  # ratios="auto": steps per measurement window
+AUTO_WARMUP = 2  # ... and steps ignored first (tracing) and after each re-split
+
+
+def _is_auto(ratios) -> bool:
+    if not isinstance(ratios, str):
+        return False
+    if ratios != "auto":
+        raise ValueError(f"ratios must be a list of numbers, None (even) or 'auto'; got ratios={ratios!r}")
+    return True
 
 
 def _emulator(emulate, devices: list[str]):

@@ -23,11 +23,24 @@ def batch_size_of(x) -> tf.Tensor:
     return tf.shape(first, out_type=tf.int32)[0]
 
 
-def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float]) -> tf.Tensor:
-    """Per-device sizes (int32 vector) for a run-time ``batch_size``; see ``harness.split``."""
-    k = len(ratios)
+def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float] | tf.Variable) -> tf.Tensor:
+    """Per-device sizes (int32 vector) for a run-time ``batch_size``; see ``harness.split``.
+
+    Args:
+        batch_size: the dynamic batch size (int32 scalar).
+        ratios: one ratio per device, or a float64 vector *of shares*
+            (``harness.split.shares(ratios)``, e.g. a ``tf.Variable`` that
+            ``ParallelModel.set_ratios`` assigns: the split changes without a retrace).
+    """
+    if isinstance(ratios, (tf.Variable, tf.Tensor)):
+        weights = tf.convert_to_tensor(ratios)
+        if weights.dtype != tf.float64 or weights.shape.rank != 1 or weights.shape[0] is None:
+            raise ValueError(f"split_sizes wants a float64 vector of shares of static length; got {weights!r}")
+    else:
+        weights = tf.constant(shares(ratios), tf.float64)
+    k = int(weights.shape[0])
     # One multiplication by host-computed shares, exactly as ``split_batch`` does.
-    exact = tf.cast(batch_size, tf.float64) * tf.constant(shares(ratios), tf.float64)
+    exact = tf.cast(batch_size, tf.float64) * weights
     floors = tf.floor(exact)
     sizes = tf.cast(floors, tf.int32)
     left = batch_size - tf.reduce_sum(sizes)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import harness
 from harness.parallel import slicing
+from harness.split import shares
 from harness.workloads import small
 
 LOSS = small.loss()
@@ -66,6 +67,48 @@ def test_in_graph_split_matches_split_batch(logical_devices):
             assert tuple(sizes(tf.constant(n)).numpy()) == harness.split_batch(n, ratios), (n, ratios)
 
 
+def test_in_graph_split_follows_set_ratios_without_retracing(logical_devices):
+    parallel = harness.parallelize(_dense(), logical_devices[:3], method="towers")
+    sizes = tf.function(lambda n: slicing.split_sizes(n, parallel._shares_ref.value))
+    for ratios in ([768, 560, 1], [5, 3, 2], [1000, 1, 1], [0.3, 0.7, 0.01], [1, 1, 1]):
+        assert parallel.set_ratios(ratios) == tuple(float(r) for r in ratios) == parallel.ratios
+        for n in range(0, 130):
+            assert tuple(sizes(tf.constant(n)).numpy()) == harness.split_batch(n, ratios), (n, ratios)
+    assert sizes.experimental_get_tracing_count() == 1
+
+
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_the_split_variable_is_no_weight(logical_devices, method):
+    template = _dense()
+    parallel = harness.parallelize(template, logical_devices[:2], ratios="auto", method=method)
+    assert len(parallel.weights) == len(template.weights)
+    assert [w.shape for w in parallel.get_weights()] == [w.shape for w in template.get_weights()]
+
+
+def test_set_ratios_rejects_bad_ratios_and_keeps_the_split(logical_devices):
+    parallel = harness.parallelize(_dense(), logical_devices[:2], ratios=[3, 2], method="towers")
+    with pytest.raises(ValueError, match=r"2 devices\); got 3"):
+        parallel.set_ratios([1, 2, 3])
+    with pytest.raises(ValueError, match=r"ratios=\[1, 0\]"):
+        parallel.set_ratios([1, 0])
+    assert parallel.ratios == (3.0, 2.0)
+    assert tuple(parallel._shares_ref.value.numpy()) == shares([3, 2])
+
+
+def test_rebalance_refuses_a_plain_keras_model(logical_devices):
+    from harness.tuning.rebalance import Rebalance
+
+    x, y = _data()
+    model = _dense()
+    model.compile(optimizer="sgd", loss=LOSS)
+    with pytest.raises(TypeError, match="made by harness.parallelize.*got Sequential"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[Rebalance()])
+    with pytest.raises(ValueError, match="every must be an int >= 1; got every=0"):
+        Rebalance(every=0)
+    with pytest.raises(ValueError, match="tolerance=-0.1"):
+        Rebalance(tolerance=-0.1)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "fragment"),
     [
@@ -77,6 +120,7 @@ def test_in_graph_split_matches_split_batch(logical_devices):
         ({"devices": ["/cpu:0", "/cpu:0"]}, ValueError, "must not repeat"),
         ({"devices": 9}, ValueError, "devices=9"),
         ({"devices": 2, "method": "ring"}, ValueError, "method='ring'"),
+        ({"devices": 2, "ratios": "fast"}, ValueError, "None (even) or 'auto'; got ratios='fast'"),
         ({"devices": "cpu"}, TypeError, "devices='cpu'"),
     ],
 )

@@ -32,9 +32,10 @@ def _harness(args: list[str], tmp_path, timeout: float = 240) -> subprocess.Comp
 def test_parse_emulate():
     assert parse_emulate("1345:1100, 875") == (EmulatedDevice(1345.0, 1100), EmulatedDevice(875.0, None))
     assert parse_emulate(["1000", "500:8"]) == (EmulatedDevice(1000.0), EmulatedDevice(500.0, 8))
-    assert parse_emulate("1438:1100:49,900::5") == (EmulatedDevice(1438.0, 1100, 49.0), EmulatedDevice(900.0, None, 5.0))
+    assert parse_emulate("1438:1100:49,900::5") == (EmulatedDevice(1438.0, 1100, 49.0),
+                                                    EmulatedDevice(900.0, None, 5.0))
     assert EmulatedDevice(1438.0, None, 49.0).step_seconds(1024) == pytest.approx(0.049 + 1024 / 1438)
-    for bad in ("", "0", "-1", "nan", "inf", "1:0", "1:1.5", "a:b", "1:2:3:4", "1:2:x", "1:2:-1", "1:2:inf"):
+    for bad in ("", "0", "-1", "nan", "inf", "1:-1", "1:1.5", "a:b", "1:2:3:4", "1:2:x", "1:2:-1", "1:2:inf"):
         with pytest.raises(ValueError, match="emulat"):
             parse_emulate(bad)
 
@@ -158,13 +159,17 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path):
     assert record["status"] == "complete"
     rows = {r["label"]: r for r in record["rows"]}
     assert list(rows) == ["CPU:0 alone", "CPU:1 alone", "even towers", "even mirrored", "ratio towers",
-                          "ratio mirrored"]
+                          "ratio mirrored", "tuned towers", "tuned mirrored"]
     sps = {label: r["summary"]["samples_per_second"]["median"] for label, r in rows.items()}
     fast, slow = rows["ratio towers"]["config"]["batches"]  # split by the measured ~4000:2000
     assert fast + slow == 240 and 152 <= fast <= 164
     # Even: the slow device sets the pace (120 / 2000 s); ratio: both busy, about 6000 samples/s.
     assert sps["even towers"] == pytest.approx(4000, rel=0.15)
     assert sps["ratio mirrored"] > 1.3 * sps["even mirrored"]
+    tuned_fast, tuned_slow = rows["tuned mirrored"]["config"]["batches"]  # the tuner's split of the same batch
+    assert tuned_fast + tuned_slow == 240 and 152 <= tuned_fast <= 164
+    assert sps["tuned mirrored"] > 1.3 * sps["even mirrored"]
+    assert [d["stopped_by"] for d in record["tuning"]["devices"]] == ["limit", "limit"]  # grown up to the batch
     png = next(tmp_path.glob("compare-*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio split from measured single-device speeds" in done.stdout

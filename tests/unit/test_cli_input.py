@@ -17,7 +17,7 @@ from harness.cli import main
         (["run", "--logical-cpus", "3", "--batches", "1", "2"], "for 3 devices"),
         (["run", "--emulate", "1345,0"], "rate must be a positive number"),
         (["run", "--emulate", "1345,-5:100"], "got rate=-5.0"),
-        (["run", "--emulate", "1345:0,875"], "MAXBATCH must be an int >= 1; got max_batch=0"),
+        (["run", "--emulate", "1345:-1,875"], "MAXBATCH must be an int >= 0; got max_batch=-1"),
         (["run", "--emulate", "fast,875"], "got 'fast'"),
         (["run", "--emulate", "1345:big"], "got 'big'"),
         (["run", "--emulate", "1345,,875"], "RATE[:MAXBATCH[:OVERHEAD_MS]]"),
@@ -30,6 +30,14 @@ from harness.cli import main
         (["run", "--batches", "820", "0"], "--batches must be >= 1 each; got [820, 0]"),
         (["run", "--emulate", "1,2", "--ratios", "3", "0"], "ratios"),
         (["compare", "--batch", "0"], "--batch must be >= 1; got 0"),
+        (["run", "--rebalance", "0"], "--rebalance must be >= 1 (steps per measurement); got 0"),
+        (["run", "--emulate", "1000", "--rebalance", "5"], "--rebalance re-splits the batch over several devices"),
+        (["run", "--throttle", "1-400"], "--throttle wants INDEX:RATE@STEP entries such as 1:400@40; got '1-400'"),
+        (["run", "--throttle", "1:400"], "got '1:400'"),
+        (["run", "--throttle", "1:fast@3"], "--throttle RATE must be a number of samples/s; got 'fast' in '1:fast@3'"),
+        (["run", "--throttle", "1:0@3"], "--throttle RATE must be a positive number of samples/s; got '1:0@3'"),
+        (["run", "--emulate", "1,2", "--throttle", "2:400@3"], "INDEX must name one of the 2 devices (0..1); got"),
+        (["run", "--logical-cpus", "2", "--throttle", "1:400@3"], "--throttle changes an emulated device's rate"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.emulate import EmulatedDevice, Emulator
 from harness.measure import Window
 from harness.nvml import FieldStats
@@ -39,3 +41,38 @@ def test_emulated_devices_report_busy_time_and_logical_cpus_only_a_share():
     summary = _summary([record])
     assert summary["samples_per_second"]["median"] == 750
     assert summary["devices"][0]["busy_rate"]["median"] == 1000
+
+
+def test_rebalance_and_throttle_are_validated_and_recorded():
+    emulate = (EmulatedDevice(1000.0), EmulatedDevice(1000.0))
+    devices = ("/device:CPU:0", "/device:CPU:1")
+    config = RunConfig("mnist_maxing", "tiny", "towers", devices, (100, 100), emulate=emulate, rebalance_every=5,
+                       throttle=[[1, 400.0, 7]])
+    assert config.throttle == ((1, 400.0, 7),)
+    record = config.to_json()
+    assert record["rebalance_every"] == 5 and record["throttle"] == [{"device": 1, "rate": 400.0, "at_step": 7}]
+    for kwargs, needle in [
+        ({"rebalance_every": 0}, "rebalance_every must be an int >= 1 (steps per window); got rebalance_every=0"),
+        ({"throttle": ((2, 400.0, 7),)}, "throttle device index must be 0..1 (2 devices); got 2"),
+        ({"throttle": ((1, 0.0, 7),)}, "throttle rate must be a positive number of samples/s; got 0.0"),
+        ({"throttle": ((1, 400.0, -1),)}, "throttle step must be an int >= 0; got -1"),
+        ({"throttle": ((1, 400.0),)}, "a throttle entry is (device_index, rate, at_step); got (1, 400.0)"),
+        ({"throttle": ((1, 400.0, 7),), "emulate": None}, "it needs emulate=..."),
+    ]:
+        with pytest.raises(ValueError) as info:
+            RunConfig("mnist_maxing", "tiny", "towers", devices, (100, 100), **{"emulate": emulate, **kwargs})
+        assert needle in str(info.value)
+    with pytest.raises(ValueError, match="needs a parallel method"):
+        RunConfig("mnist_maxing", "tiny", "single", devices[:1], (100,), rebalance_every=5)
+
+
+def test_rebalanced_windows_count_the_samples_each_device_did():
+    # With rebalancing, batches change within a window: a device's samples/s is what its logged steps did.
+    emulator = Emulator({"/device:CPU:0": EmulatedDevice(1000.0), "/device:CPU:1": EmulatedDevice(400.0)})
+    emulator._events.extend([("/device:CPU:0", 10.0, 10.1, 100), ("/device:CPU:1", 10.0, 10.25, 100),
+                             ("/device:CPU:0", 10.25, 10.39, 143), ("/device:CPU:1", 10.25, 10.39, 57)])
+    config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (100, 100),
+                       emulate=tuple(emulator.devices.values()), rebalance_every=1)
+    record = _window_record(Window(0, 10.0, 10.4, 2, 400), config, emulator, None, (143, 57))
+    assert [d["batch"] for d in record["devices"]] == [143, 57]
+    assert [d["samples_per_second"] for d in record["devices"]] == pytest.approx([243 / 0.4, 157 / 0.4])

@@ -1,0 +1,158 @@
+"""``Rebalance``: a Keras callback that re-splits a parallel model's batch while it trains.
+
+Each device's step is timed by the model's ``Emulator`` (emulated devices log
+their emulated time, real ones their real busy time: ``ParallelModel.time_devices``).
+Every ``every`` steps the callback reads each device's busy seconds and samples,
+and when the devices' busy times per step drift apart by more than ``tolerance``
+(a card throttles, another job shares it) it sets the ratios to the measured
+samples per busy second (``harness.tuning.resplit``). The global batch never
+changes and ``set_ratios`` keeps every step exact; the step function is not
+traced again.
+
+On real devices a device's busy time runs from its slice's arrival to the end
+of its backward pass, waits on the others included (the loss needs every
+device's output), so re-splitting converges more slowly there than on emulated
+devices, to the same balanced point.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+
+from harness.split import split_batch
+from harness.tuning.resplit import decide, describe
+
+__all__ = ["Rebalance"]
+
+
+class Rebalance(keras.callbacks.Callback):
+    """Re-splits a ``harness.parallelize`` model's batch from measured device step times.
+
+    Args:
+        every: training steps per measurement window.
+        tolerance: re-split only when the slowest device is busy longer per
+            step than the fastest by more than this fraction.
+        warmup: steps not measured at the start of each ``fit`` (tracing) and
+            after each re-split (new shapes).
+        verbose: 1 prints a line per re-split, 2 also every measured window.
+
+    Attributes:
+        history: one dict per measured window: ``step`` (training steps seen),
+            ``resplit``, ``reason``, ``previous`` and ``ratios`` (the split before
+            and after), per-device ``busy_seconds``, ``samples``, ``rates``
+            (samples per busy second), ``imbalance``, the window's global
+            ``batch`` and the resulting per-device ``batches``.
+
+    Raises:
+        TypeError: when training starts, if the model is not a harness parallel model.
+
+    Example:
+        >>> parallel = harness.parallelize(model, 2, method="towers")
+        >>> parallel.compile(optimizer="sgd", loss="mse")
+        >>> rebalance = harness.Rebalance(every=20)
+        >>> parallel.fit(x, y, batch_size=256, callbacks=[rebalance])
+        >>> rebalance.history[-1]["batches"]
+    """
+
+    def __init__(self, every: int = 20, tolerance: float = 0.05, warmup: int = 2, verbose: int = 0):
+        super().__init__()
+        for name, value, least in (("every", every, 1), ("warmup", warmup, 0), ("verbose", verbose, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"Rebalance {name} must be an int >= {least}; got {name}={value!r}")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < float("inf"):
+            raise ValueError(f"Rebalance tolerance must be a number >= 0 (a fraction: 0.05 = 5%); "
+                             f"got tolerance={tolerance!r}")
+        self.every, self.tolerance, self.warmup, self.verbose = every, float(tolerance), warmup, verbose
+        self.history: list[dict] = []
+        self.steps = 0  # training steps seen, over every fit
+        self._emulator = None
+        self._begin = 0
+        self._reset_window(skip=warmup)
+
+    # -- checks ----------------------------------------------------------------
+    def set_model(self, model):
+        from harness.parallel.base import ParallelModel
+
+        if not isinstance(model, ParallelModel):
+            raise TypeError(
+                f"harness.Rebalance re-splits a model made by harness.parallelize (towers or mirrored); got "
+                f"{type(model).__name__} {getattr(model, 'name', '')!r}"
+            )
+        super().set_model(model)
+
+    # -- the window --------------------------------------------------------------
+    def _reset_window(self, skip: int) -> None:
+        self._skip = skip
+        self._since = None  # start of the running segment (None: not measuring)
+        self._busy = {}  # device -> [seconds, samples, steps] of the finished segments
+        self._window_steps = 0
+
+    def _fold(self, now: float) -> None:
+        """Adds the running segment's busy time to the window's."""
+        if self._since is None:
+            return
+        for device, busy in self._emulator.busy_between(self._since, now).items():
+            total = self._busy.setdefault(device, [0.0, 0, 0])
+            total[0] += busy.seconds
+            total[1] += busy.samples
+            total[2] += busy.steps
+        self._since = None
+
+    # -- Keras hooks ----------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._emulator = self.model.time_devices()
+        self._reset_window(skip=self.warmup)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        done = max(1, batch - self._begin + 1)  # steps_per_execution > 1 runs several steps per call
+        self.steps += done
+        if self._skip > 0:
+            self._skip -= done
+            if self._skip <= 0:
+                self._since = now
+            return
+        if self._since is None:  # warm-up of zero steps, or after evaluation
+            self._since = now
+            return
+        self._window_steps += done
+        if self._window_steps >= self.every:
+            self._fold(now)
+            self._measure(now)
+
+    def on_test_begin(self, logs=None):
+        # Validation inside fit runs forward passes only: keep them out of the window.
+        self._fold(time.perf_counter())
+
+    def on_test_end(self, logs=None):
+        if self._emulator is not None and self._skip <= 0:
+            self._since = time.perf_counter()
+
+    # -- the decision ---------------------------------------------------------------
+    def _measure(self, now: float) -> None:
+        model = self.model
+        rows = [self._busy.get(d, [0.0, 0, 0]) for d in model.devices]
+        seconds, samples, steps = ([row[i] for row in rows] for i in range(3))
+        batch = round(sum(samples) / self._window_steps) if self._window_steps else 0
+        previous = model.ratios
+        decision = decide(previous, seconds, samples, steps, batch=max(batch, 1), tolerance=self.tolerance)
+        if decision.resplit:
+            model.set_ratios(decision.ratios)
+        entry = {"step": self.steps, "resplit": decision.resplit, "reason": decision.reason,
+                 "previous": list(previous), "ratios": list(model.ratios), "devices": list(model.devices),
+                 "busy_seconds": seconds, "samples": samples, "steps": steps, "rates": list(decision.rates),
+                 "imbalance": decision.imbalance, "batch": batch,
+                 "previous_batches": list(split_batch(batch, previous)),
+                 "batches": list(split_batch(batch, model.ratios))}
+        self.history.append(entry)
+        if self.verbose >= 2 or (self.verbose and decision.resplit):
+            print(describe(entry), flush=True)
+        self._reset_window(skip=self.warmup if decision.resplit else 0)
+        if not decision.resplit:
+            self._since = now
+

@@ -1,0 +1,119 @@
+"""Online rebalancing (issue 4): a throttled emulated device, with and without ``Rebalance``.
+
+Two emulated devices at 1000 samples/s share a batch of 400 evenly; from step 7
+device 1 runs at 400. Without rebalancing it sets the pace (200 samples per
+0.5 s: 800 samples/s); with it the split moves to 286/114 and the pair gets back
+to about 1000 + 400. (Steps of 0.3-0.5 s keep the real work between the devices'
+emulated windows - input, loss, optimizer - small next to them, also on a busy
+2-core machine.) Each case runs in its own process: TensorFlow fixes its
+devices once per process, and emulated devices need their own inter-op threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _python(code: str, timeout: float = 240) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+_THROTTLED = """
+import json, sys, harness
+devices = harness.use_logical_devices(2, inter_op_threads=4)
+from harness.emulate import parse_emulate
+from harness.runner import RunConfig, run_one
+method, every = sys.argv[1], None if sys.argv[2] == "none" else int(sys.argv[2])
+r = run_one(RunConfig("mnist_maxing", "tiny", method, devices, (200, 200), seconds=1.0, windows=6,
+                      emulate=parse_emulate("1000,1000"), rebalance_every=every, throttle=((1, 400.0, 7),)))
+print(json.dumps({"status": r["status"], "sps": [w["samples_per_second"] for w in r["windows"]],
+                  "batches": [[d["batch"] for d in w["devices"]] for w in r["windows"]],
+                  "busy_rate": [[d["busy_rate"] for d in w["devices"]] for w in r["windows"]],
+                  "rebalance": r.get("rebalance"), "config": r["config"]}))
+"""
+
+
+def _throttled(method: str, every: int | None) -> dict:
+    """Device 1 of two emulated 1000 samples/s devices drops to 400 before step 7 (counted from 0)."""
+    done = subprocess.run([sys.executable, "-c", _THROTTLED, method, str(every or "none")], capture_output=True,
+                          text=True, timeout=240, env=_ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    print(method, every, [round(s) for s in run["sps"]], run["batches"])  # the figures, shown with -s
+    return run
+
+
+def test_without_rebalance_the_throttled_device_sets_the_pace():
+    fixed = _throttled("towers", None)
+    assert fixed["status"] == "complete" and fixed["config"]["throttle"] == [{"device": 1, "rate": 400.0,
+                                                                             "at_step": 7}]
+    assert fixed["sps"][0] == pytest.approx(2000, rel=0.1)  # before the throttle: both at 1000
+    assert fixed["sps"][-2:] == pytest.approx([800, 800], rel=0.1)
+    assert fixed["busy_rate"][-1] == pytest.approx([1000, 400], rel=0.05)
+    assert all(b == [200, 200] for b in fixed["batches"]) and fixed["rebalance"] is None
+
+
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_rebalance_recovers_the_throttled_throughput(method):
+    run = _throttled(method, 5)
+    assert run["status"] == "complete"
+    assert min(run["sps"][-2:]) >= 0.9 * (1000 + 400)  # without rebalancing: 800 (the test above)
+    assert run["batches"][-1] == [286, 114]  # 400 in proportion to 1000:400; the global batch is the same
+    assert all(sum(b) == 400 for b in run["batches"])
+    resplits = [e for e in run["rebalance"] if e["resplit"]]
+    assert resplits and resplits[0]["step"] > 7  # measured after the throttle, not before
+    assert resplits[-1]["rates"] == pytest.approx([1000, 400], rel=0.05)
+    assert all(e["batch"] == 400 for e in run["rebalance"])
+
+
+_AUTO = """
+import json, harness
+devices = harness.use_logical_devices(2, inter_op_threads=4)
+import keras, numpy as np
+from harness.workloads import small
+x, y, _ = small.make_data("dense", 1400)
+keras.utils.set_random_seed(0)
+single, template = small.build("dense"), small.build("dense")
+template.set_weights(single.get_weights())
+# 1000 and 400 samples/s, device 1 with 20 ms per step more: the rule converges to equal step times.
+parallel = harness.parallelize(template, devices, ratios="auto", method="towers", emulate="1000,400::20")
+for model in (single, parallel):
+    model.compile(optimizer="sgd", loss=small.loss())
+    model.fit(x, y, batch_size=70, epochs=2, shuffle=False, verbose=0)
+deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(single.get_weights(), template.get_weights()))
+history = parallel.rebalancer.history
+print(json.dumps({"ratios": parallel.ratios, "deviation": deviation, "batches": history[-1]["batches"],
+                  "resplits": sum(e["resplit"] for e in history), "steps": parallel.rebalancer.steps}))
+"""
+
+
+def test_auto_ratios_tune_the_split_while_training_and_stay_exact():
+    out = json.loads(_python(_AUTO).strip().splitlines()[-1])
+    assert out["steps"] == 40 and out["resplits"] >= 1
+    # Equal step times: b0 / 1000 = 20 ms + b1 / 400 with b0 + b1 = 70 -> b0 = 55.7.
+    assert out["batches"] in ([55, 15], [56, 14], [57, 13])
+    assert out["deviation"] < 1e-6
+
+
+def test_harness_run_rebalance_and_throttle_options(tmp_path):
+    env = {**_ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--emulate", "4000,4000", "--batch", "200",
+                           "--rebalance", "3", "--throttle", "1:1000@4", "--seconds", "0.4", "--windows", "3"],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Rebalance: step" in done.stdout and "-> [160, 40] of 200" in done.stdout
+    assert "rebalancing every 3 steps; device 1 to 1000 samples/s at step 4" in done.stdout
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")]
+    run = record["config"]["run"]
+    assert run["rebalance_every"] == 3 and run["throttle"] == [{"device": 1, "rate": 1000.0, "at_step": 4}]
+    assert [d["batch"] for d in record["result"]["windows"][-1]["devices"]] == [160, 40]
+    assert record["result"]["rebalance"][-1]["batches"] == [160, 40]

@@ -1,0 +1,97 @@
+"""The tuner on emulated devices: the out-of-memory search, the chosen split, bad input.
+
+Each test starts its own TensorFlow process (devices are fixed once per process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _python(code: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _harness(args: list[str], tmp_path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**_ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+_PROBE = """
+import json, harness
+from harness import workloads
+from harness.emulate import EmulatedDevice
+from harness.tuning.probe import probe_device
+devices = harness.use_logical_devices(1, inter_op_threads=3)
+probe = probe_device(workloads.get("mnist_maxing"), "tiny", devices[0], emulate=EmulatedDevice(20000.0, {ceiling}),
+                     start=16, min_seconds=0.02, tolerance=0.03)
+print(json.dumps(probe.to_json()))
+"""
+
+
+@pytest.mark.parametrize("ceiling", [300, 1])
+def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
+    probe = json.loads(_python(_PROBE.format(ceiling=ceiling)))
+    assert probe["ceiling"] <= ceiling < probe["oom_at"]
+    assert probe["oom_at"] - probe["ceiling"] <= max(1, 0.03 * probe["ceiling"])
+    assert probe["stopped_by"] == "oom" and "exceeds its MAXBATCH" in probe["oom_error"]
+    fits = [p["batch"] for p in probe["points"] if p["fits"]]
+    assert all(b <= ceiling for b in fits) and all(p["batch"] > ceiling for p in probe["points"] if not p["fits"])
+
+
+def test_tune_balances_emulated_devices_and_verifies(tmp_path):
+    done = _harness(["tune", "--emulate", "4000:600,2000:300", "--seconds", "0.4", "--windows", "2", "--json"],
+                    tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout)
+    result = record["result"]
+    choice, tuned, even = result["choice"], result["verify"]["tuned"], result["verify"]["even"]
+    # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at twice that.
+    assert [d["ceiling"] <= m for d, m in zip(result["devices"], (600, 300))] == [True, True]
+    assert choice["batches"][1] <= result["devices"][1]["ceiling"]
+    assert choice["batches"][0] == pytest.approx(2 * choice["batches"][1], rel=0.06)
+    assert tuned["status"] == "complete" and tuned["efficiency"] > 0.9
+    assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
+    assert even["status"] == "complete" and even["efficiency"] < tuned["efficiency"]
+    assert record["status"] == "complete" and result["seconds"]["total"] < 120
+    assert next(tmp_path.glob("tune-*.json")).exists()
+    assert next(tmp_path.glob("tune-*.png")).stat().st_size > 10_000
+
+
+def test_device_out_of_memory_at_batch_one_is_a_clear_error(tmp_path):
+    done = _harness(["tune", "--emulate", "4000:200,2000:0", "--seconds", "0.2", "--windows", "1"], tmp_path)
+    assert done.returncode == 2
+    assert "runs out of memory at batch 1" in done.stderr and "/device:CPU:1" in done.stderr
+    record = json.loads(next(tmp_path.glob("tune-*.json")).read_text())
+    assert record["status"] == "failed" and "batch 1" in record["error"]
+
+
+def test_global_batch_beyond_the_measured_ceilings_is_a_clear_error():
+    code = """
+import harness
+from harness.emulate import parse_emulate
+devices = harness.use_logical_devices(2, inter_op_threads=4)
+try:
+    harness.tune(devices=devices, emulate=parse_emulate("9000:100,9000:100"), global_batch=250)
+except ValueError as err:
+    print("ERROR", err)
+"""
+    out = _python(code)
+    assert "ERROR --global-batch 250 does not fit: the devices hold" in out
+
+
+def test_tune_needs_devices():
+    import harness
+
+    with pytest.raises(ValueError, match="at least one device; got none"):
+        harness.tune(devices=[])
