@@ -37,6 +37,8 @@ class Rebalance(keras.callbacks.Callback):
         warmup: steps not measured at the start of each ``fit`` (tracing) and
             after each re-split (new shapes).
         verbose: 1 prints a line per re-split, 2 also every measured window.
+        max_batches: per-device memory ceilings (e.g. ``harness tune``'s) that a
+            re-split never crosses; emulated devices' MAXBATCH applies by itself.
 
     Attributes:
         history: one dict per measured window: ``step`` (training steps seen),
@@ -56,8 +58,14 @@ class Rebalance(keras.callbacks.Callback):
         >>> rebalance.history[-1]["batches"]
     """
 
-    def __init__(self, every: int = 20, tolerance: float = 0.05, warmup: int = 2, verbose: int = 0):
+    def __init__(self, every: int = 20, tolerance: float = 0.05, warmup: int = 2, verbose: int = 0,
+                 max_batches=None):
         super().__init__()
+        if max_batches is not None and any(
+                m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1) for m in max_batches):
+            raise ValueError(f"Rebalance max_batches must be ints >= 1 (or None), one per device; "
+                             f"got max_batches={list(max_batches)!r}")
+        self.max_batches = None if max_batches is None else list(max_batches)
         for name, value, least in (("every", every, 1), ("warmup", warmup, 0), ("verbose", verbose, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"Rebalance {name} must be an int >= {least}; got {name}={value!r}")
@@ -134,13 +142,24 @@ class Rebalance(keras.callbacks.Callback):
             self._since = time.perf_counter()
 
     # -- the decision ---------------------------------------------------------------
+    def _ceilings(self) -> list[int | None]:
+        """Per device: the given ceiling, else an emulated device's MAXBATCH, else None."""
+        devices = self.model.devices
+        if self.max_batches is not None and len(self.max_batches) != len(devices):
+            raise ValueError(f"Rebalance max_batches has {len(self.max_batches)} entries for {len(devices)} devices "
+                             f"{list(devices)}: give one per device")
+        emulated = getattr(self._emulator, "devices", {})
+        given = self.max_batches or [None] * len(devices)
+        return [m if m is not None else getattr(emulated.get(d), "max_batch", None) for d, m in zip(devices, given)]
+
     def _measure(self, now: float) -> None:
         model = self.model
         rows = [self._busy.get(d, [0.0, 0, 0]) for d in model.devices]
         seconds, samples, steps = ([row[i] for row in rows] for i in range(3))
         batch = round(sum(samples) / self._window_steps) if self._window_steps else 0
         previous = model.ratios
-        decision = decide(previous, seconds, samples, steps, batch=max(batch, 1), tolerance=self.tolerance)
+        decision = decide(previous, seconds, samples, steps, batch=max(batch, 1), tolerance=self.tolerance,
+                          max_batches=self._ceilings())
         if decision.resplit:
             model.set_ratios(decision.ratios)
         entry = {"step": self.steps, "resplit": decision.resplit, "reason": decision.reason,

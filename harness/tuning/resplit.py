@@ -14,7 +14,10 @@ The rule sets the new ratios to the measured rates:
 
 The split moves only when the slowest device's busy time per step exceeds the
 fastest's by more than ``tolerance`` (noise must not reshuffle a balanced split),
-and only when the new ratios change some device's batch.
+and only when the new ratios change some device's batch. Memory ceilings
+(``max_batches``) are never crossed: a device whose proportional share would
+exceed its ceiling gets the ceiling and the rest is split over the others by
+their rates (a re-split must not turn a slow step into an out-of-memory crash).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from harness.split import split_batch, validate_ratios
 
-__all__ = ["Decision", "busy_imbalance", "decide", "describe"]
+__all__ = ["Decision", "busy_imbalance", "capped_split", "decide", "describe"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,29 @@ def busy_imbalance(step_seconds: Sequence[float]) -> float:
     return math.inf if low == 0 else max(step_seconds) / low - 1.0
 
 
+def capped_split(batch: int, rates: Sequence[float], max_batches: Sequence[int | None]) -> tuple[int, ...] | None:
+    """``split_batch(batch, rates)`` with no device above its ceiling; None when the ceilings cannot hold ``batch``.
+
+    Example:
+        >>> capped_split(1388, [1345, 875], [1100, 500])
+        (888, 500)
+    """
+    caps = [batch if m is None else int(m) for m in max_batches]
+    if len(caps) != len(rates):
+        raise ValueError(f"need one ceiling per device ({len(rates)}); got max_batches={list(max_batches)}")
+    if sum(min(c, batch) for c in caps) < batch:
+        return None
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(len(rates)) if i not in fixed]
+        left = batch - sum(fixed.values())
+        shares = dict(zip(free, split_batch(left, [rates[i] for i in free]) if free else ()))
+        over = [i for i in free if shares[i] > caps[i]]
+        if not over:
+            return tuple(fixed[i] if i in fixed else shares[i] for i in range(len(rates)))
+        fixed.update({i: caps[i] for i in over})
+
+
 def decide(
     ratios: Sequence[float],
     busy_seconds: Sequence[float],
@@ -65,6 +91,7 @@ def decide(
     *,
     batch: int,
     tolerance: float = 0.05,
+    max_batches: Sequence[int | None] | None = None,
 ) -> Decision:
     """The split after a window in which device ``i`` was busy ``busy_seconds[i]`` for ``samples[i]``.
 
@@ -73,6 +100,8 @@ def decide(
         busy_seconds, samples, steps: per device, what it did in the window.
         batch: the global batch, to tell whether new ratios change any device's batch.
         tolerance: re-split only when the busy imbalance exceeds this fraction.
+        max_batches: per-device memory ceilings (None: no ceiling); the new
+            split of ``batch`` keeps every device within its ceiling.
 
     Returns:
         A ``Decision``; ``resplit`` says whether ``ratios`` changed.
@@ -107,6 +136,13 @@ def decide(
     if imbalance <= tolerance:
         return keep(f"balanced: busy times per step within {100 * tolerance:g}%", imbalance)
     proposed = tuple(float(r) for r in rates)
+    if max_batches is not None and any(m is not None for m in max_batches):
+        capped = capped_split(batch, proposed, max_batches)
+        if capped is None:
+            return keep(f"the memory ceilings {list(max_batches)} cannot hold the batch of {batch}", imbalance)
+        if any(b == 0 for b in capped):
+            return keep(f"the ceilings {list(max_batches)} would leave a device empty", imbalance)
+        proposed = tuple(float(b) for b in capped)  # ratios equal to batches split the batch into exactly them
     if split_batch(batch, proposed) == split_batch(batch, current):
         return keep("the measured rates give the same batches", imbalance)
     return Decision(proposed, True, f"busy times per step differ by {100 * imbalance:.0f}%", rates, per_step,

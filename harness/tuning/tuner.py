@@ -193,7 +193,7 @@ def _choose(probes, global_batch, margin, record):
                 f"(ceilings {[p.ceiling for p, _ in probes]} less the {100 * margin:g}% margin: {usable})"
                 + (f"; {', '.join(unsure)}: raise --max-step-s to probe further" if unsure else ""))
         split = solve_split(models, usable, global_batch)
-    even = _even(split.global_batch, [probe.ceiling for probe, _ in probes])
+    even = _even(split.global_batch, _memory_ceilings(probes, split.global_batch))
     record["choice"] = {"mode": "most samples/s" if global_batch is None else "global batch",
                         "usable_ceilings": usable, **split.to_json(),
                         "ratios": [b / split.global_batch for b in split.batches],
@@ -208,7 +208,7 @@ def _choice_text(choice: dict) -> str:
 
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say):
-    ceilings = [probe.ceiling for probe, _ in probes]
+    ceilings = _memory_ceilings(probes, split.global_batch)
     even = _even(split.global_batch, ceilings)
     say("verifying: each device alone at its batch")
     tuned_solo = _solo(probes, split.batches, seconds, say)
@@ -226,9 +226,14 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
                                 predict(models, even).samples_per_second, even_solo)
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
-                               f"the even split of {split.global_batch} exceeds a probed ceiling "
+                               f"the even split of {split.global_batch} exceeds a memory ceiling "
                                f"({ceilings}): the largest even split that fits")
     return out
+
+
+def _memory_ceilings(probes, global_batch: int) -> list[int]:
+    """Ceilings that are out-of-memory limits; a device not grown to one is not limited by it."""
+    return [probe.ceiling if probe.stopped_by == "oom" else max(probe.ceiling, global_batch) for probe, _ in probes]
 
 
 def _even(global_batch: int, ceilings: Sequence[int]) -> tuple[int, ...]:

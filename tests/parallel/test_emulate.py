@@ -6,27 +6,11 @@ Every case runs in its own process: TensorFlow fixes its devices once per proces
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from tf_process import run_harness, run_python
 
 from harness.emulate import EmulatedDevice, Emulator, parse_emulate
-
-_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def _python(code: str, timeout: float = 240) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_ENV)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
-
-
-def _harness(args: list[str], tmp_path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**_ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 def test_parse_emulate():
@@ -70,7 +54,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def accuracy():
-    return json.loads(_python(_ACCURACY).strip().splitlines()[-1])
+    return json.loads(run_python(_ACCURACY).strip().splitlines()[-1])
 
 
 def test_alone_each_device_runs_at_its_emulated_rate(accuracy):
@@ -109,11 +93,11 @@ try:
 except tf.errors.ResourceExhaustedError as err:
     print("OOM", "MAXBATCH 4" in str(err))
 """
-    assert _python(code).strip().splitlines()[-1] == "OOM True"
+    assert run_python(code).strip().splitlines()[-1] == "OOM True"
 
 
 def test_harness_run_emulated_prints_windows_and_keeps_a_record(tmp_path):
-    done = _harness(["run", "--emulate", "2000,1000", "--batches", "200", "100", "--seconds", "0.5",
+    done = run_harness(["run", "--emulate", "2000,1000", "--batches", "200", "100", "--seconds", "0.5",
                      "--windows", "2", "--method", "mirrored"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("window ") == 2
@@ -130,7 +114,7 @@ def test_harness_run_emulated_prints_windows_and_keeps_a_record(tmp_path):
 
 
 def test_harness_run_out_of_memory_fails_cleanly_and_records_it(tmp_path):
-    done = _harness(["run", "--emulate", "2000:150,1000", "--batches", "200", "100", "--seconds", "0.3",
+    done = run_harness(["run", "--emulate", "2000:150,1000", "--batches", "200", "100", "--seconds", "0.3",
                      "--windows", "1"], tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
@@ -143,7 +127,7 @@ def test_harness_run_out_of_memory_fails_cleanly_and_records_it(tmp_path):
 
 def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path):
     # 100 ms of preprocessing per 64-sample batch: at most 640 samples/s, against devices worth 20000.
-    done = _harness(["run", "--emulate", "20000", "--batches", "64", "--seconds", "0.5", "--windows", "1",
+    done = run_harness(["run", "--emulate", "20000", "--batches", "64", "--seconds", "0.5", "--windows", "1",
                      "--input-delay-ms", "100", "--json", "--no-save"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)["result"]
@@ -152,7 +136,7 @@ def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path):
 
 
 def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path):
-    done = _harness(["compare", "--emulate", "4000,2000", "--batch", "240", "--seconds", "0.3", "--windows", "2"],
+    done = run_harness(["compare", "--emulate", "4000,2000", "--batch", "240", "--seconds", "0.3", "--windows", "2"],
                     tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("compare-*.json")]

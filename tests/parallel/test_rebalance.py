@@ -12,20 +12,11 @@ devices once per process, and emulated devices need their own inter-op threads.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-
-_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def _python(code: str, timeout: float = 240) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_ENV)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stdout
-
+from tf_process import ENV, run_python
 
 _THROTTLED = """
 import json, sys, harness
@@ -45,7 +36,7 @@ print(json.dumps({"status": r["status"], "sps": [w["samples_per_second"] for w i
 def _throttled(method: str, every: int | None) -> dict:
     """Device 1 of two emulated 1000 samples/s devices drops to 400 before step 7 (counted from 0)."""
     done = subprocess.run([sys.executable, "-c", _THROTTLED, method, str(every or "none")], capture_output=True,
-                          text=True, timeout=240, env=_ENV)
+                          text=True, timeout=240, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])
     print(method, every, [round(s) for s in run["sps"]], run["batches"])  # the figures, shown with -s
@@ -97,7 +88,7 @@ print(json.dumps({"ratios": parallel.ratios, "deviation": deviation, "batches": 
 
 
 def test_auto_ratios_tune_the_split_while_training_and_stay_exact():
-    out = json.loads(_python(_AUTO).strip().splitlines()[-1])
+    out = json.loads(run_python(_AUTO).strip().splitlines()[-1])
     assert out["steps"] == 40 and out["resplits"] >= 1
     # Equal step times: b0 / 1000 = 20 ms + b1 / 400 with b0 + b1 = 70 -> b0 = 55.7.
     assert out["batches"] in ([55, 15], [56, 14], [57, 13])
@@ -105,7 +96,7 @@ def test_auto_ratios_tune_the_split_while_training_and_stay_exact():
 
 
 def test_harness_run_rebalance_and_throttle_options(tmp_path):
-    env = {**_ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
+    env = {**ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "harness", "run", "--emulate", "4000,4000", "--batch", "200",
                            "--rebalance", "3", "--throttle", "1:1000@4", "--seconds", "0.4", "--windows", "3"],
                           capture_output=True, text=True, timeout=240, env=env)

@@ -6,26 +6,9 @@ Each test starts its own TensorFlow process (devices are fixed once per process)
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-_ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-
-
-def _python(code: str, timeout: float = 300) -> str:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
-def _harness(args: list[str], tmp_path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**_ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
+from tf_process import run_harness, run_python
 
 _PROBE = """
 import json, harness
@@ -41,7 +24,7 @@ print(json.dumps(probe.to_json()))
 
 @pytest.mark.parametrize("ceiling", [300, 1])
 def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
-    probe = json.loads(_python(_PROBE.format(ceiling=ceiling)))
+    probe = json.loads(run_python(_PROBE.format(ceiling=ceiling)))
     assert probe["ceiling"] <= ceiling < probe["oom_at"]
     assert probe["oom_at"] - probe["ceiling"] <= max(1, 0.03 * probe["ceiling"])
     assert probe["stopped_by"] == "oom" and "exceeds its MAXBATCH" in probe["oom_error"]
@@ -50,7 +33,7 @@ def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
 
 
 def test_tune_balances_emulated_devices_and_verifies(tmp_path):
-    done = _harness(["tune", "--emulate", "4000:600,2000:300", "--seconds", "0.4", "--windows", "2", "--json"],
+    done = run_harness(["tune", "--emulate", "4000:600,2000:300", "--seconds", "0.4", "--windows", "2", "--json"],
                     tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(done.stdout)
@@ -69,7 +52,7 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path):
 
 
 def test_device_out_of_memory_at_batch_one_is_a_clear_error(tmp_path):
-    done = _harness(["tune", "--emulate", "4000:200,2000:0", "--seconds", "0.2", "--windows", "1"], tmp_path)
+    done = run_harness(["tune", "--emulate", "4000:200,2000:0", "--seconds", "0.2", "--windows", "1"], tmp_path)
     assert done.returncode == 2
     assert "runs out of memory at batch 1" in done.stderr and "/device:CPU:1" in done.stderr
     record = json.loads(next(tmp_path.glob("tune-*.json")).read_text())
@@ -86,7 +69,7 @@ try:
 except ValueError as err:
     print("ERROR", err)
 """
-    out = _python(code)
+    out = run_python(code)
     assert "ERROR --global-batch 250 does not fit: the devices hold" in out
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from harness.split import split_batch
-from harness.tuning.resplit import busy_imbalance, decide, describe
+from harness.tuning.resplit import busy_imbalance, capped_split, decide, describe
 
 
 def _window(rates, batches, steps=10, overhead_s=(0.0, 0.0)):
@@ -74,3 +74,22 @@ def test_describe_one_history_entry():
              "batches": [143, 57], "batch": 200, "reason": "x"}
     assert describe(entry) == ("Rebalance: step 17: measured 1000, 400 samples/busy s; "
                                "re-split [100, 100] -> [143, 57] of 200")
+
+
+def test_capped_split_never_crosses_a_ceiling():
+    # Seed 000's 1080 ran out of memory at 710: a re-split must not put 771 samples there.
+    assert split_batch(1388, [700, 875]) == (617, 771)
+    assert capped_split(1388, [700, 875], [1100, 700]) == (688, 700)
+    assert capped_split(1388, [1345, 875], [None, None]) == split_batch(1388, [1345, 875])
+    assert capped_split(100, [1, 1], [40, 40]) is None
+    assert capped_split(30, [5, 1, 1], [10, None, 12]) == (10, 10, 10)
+
+
+def test_decide_respects_memory_ceilings():
+    # Rates 5250 and 7000 would give 600/800; device 1 holds 700.
+    d = decide([3, 1], busy_seconds=[2.0, 0.5], samples=[10500, 3500], steps=[10, 10], batch=1400,
+               max_batches=[None, 700])
+    assert d.resplit and split_batch(1400, d.ratios) == (700, 700)
+    d = decide([1, 1], busy_seconds=[1.0, 2.0], samples=[7000, 7000], steps=[10, 10], batch=1400,
+               max_batches=[650, 650])
+    assert not d.resplit and "cannot hold the batch of 1400" in d.reason
