@@ -163,7 +163,8 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
     Args:
         curves: one dict per device: ``label``, ``points`` (``[(batch, samples/s)]``),
             ``fit`` (``(fixed_s, per_sample_s)`` or None), ``ceiling`` (int or None),
-            ``chosen`` (``(batch, samples/s)`` or None).
+            ``chosen`` (``(batch, samples/s)`` or None), optional ``ceiling_label``
+            (default ``"ceiling N"``; e.g. ``"probed to N"`` when no OOM was reached).
         path: the image file (``.png``).
         title: the chart title.
         footnote: small text under the chart.
@@ -176,7 +177,7 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7.5, 4.5), dpi=100)
+    figure = Figure(figsize=(8.5, 4.5), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     top = max([c["ceiling"] or 0 for c in curves] + [b for c in curves for b, _ in c["points"]] + [2])
@@ -190,9 +191,11 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
             bx, by = zip(*curve["points"])
             axes.plot(bx, by, "o", color=colour, label=curve["label"], ms=5)
         if curve.get("ceiling"):
-            axes.axvline(curve["ceiling"], color=colour, ls="--", lw=1)
-            axes.annotate(f"ceiling {curve['ceiling']}", (curve["ceiling"], 0), xytext=(-3, 3 + 12 * i),
-                          textcoords="offset points", color=colour, fontsize=8, ha="right")
+            probed = curve.get("ceiling_label", "").startswith("probed")
+            axes.axvline(curve["ceiling"], color=colour, ls=":" if probed else "--", lw=1)
+            text = curve.get("ceiling_label") or f"ceiling {curve['ceiling']}"
+            axes.annotate(text, (curve["ceiling"], 0), xytext=(-3, 3 + 12 * i), textcoords="offset points",
+                          color=colour, fontsize=8, ha="right")
         if curve.get("chosen"):
             axes.plot(*curve["chosen"], marker="*", ms=16, color=colour, markeredgecolor="black")
     axes.plot([], [], "*", color="gray", markeredgecolor="black", ms=12, label="chosen batch")
@@ -202,7 +205,7 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
     axes.set_ylabel("samples/s, device alone")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.02, 0.15))
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     figure.tight_layout(rect=(0, 0.05 if footnote else 0, 1, 1))
     if footnote:
         figure.text(0.01, 0.01, footnote, fontsize=8, color="dimgray", ha="left", va="bottom")

@@ -176,6 +176,8 @@ def _plot(args, out, result, setup) -> Path | None:
                        "points": [(p["batch"], p["samples_per_second"]) for p in dev["points"]
                                   if p["samples_per_second"]],
                        "fit": (fit["fixed_ms"] / 1000, fit["per_sample_us"] / 1e6), "ceiling": dev["ceiling"],
+                       "ceiling_label": (f"ceiling {dev['ceiling']}" if dev["stopped_by"] == "oom" else
+                                         f"probed to {dev['ceiling']} ({dev['stopped_by']})"),
                        "chosen": (batch, solo) if batch and solo else None})
     config = result["config"]
     eff = tuned.get("efficiency")

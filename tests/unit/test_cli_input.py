@@ -38,6 +38,14 @@ from harness.cli import main
         (["run", "--throttle", "1:0@3"], "--throttle RATE must be a positive number of samples/s; got '1:0@3'"),
         (["run", "--emulate", "1,2", "--throttle", "2:400@3"], "INDEX must name one of the 2 devices (0..1); got"),
         (["run", "--logical-cpus", "2", "--throttle", "1:400@3"], "--throttle changes an emulated device's rate"),
+        (["tune", "--emulate", "1345:1100,875:700", "--global-batch", "1801"],
+         "--global-batch 1801 exceeds the emulated devices' memory together (1100+700 = 1800)"),
+        (["tune", "--global-batch", "0"], "--global-batch must be >= 1; got 0"),
+        (["tune", "--margin", "1"], "--margin must be in [0, 1); got 1"),
+        (["tune", "--start-batch", "64", "--max-batch", "32"], "--max-batch must be >= --start-batch (64); got 32"),
+        (["tune", "--max-step-s", "0"], "--max-step-s must be > 0; got 0"),
+        (["tune", "--tolerance", "1.5"], "--tolerance must be in (0, 1); got 1.5"),
+        (["tune", "--emulate", "1345:x"], "MAXBATCH must be an integer; got 'x'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
@@ -56,5 +64,5 @@ def test_usage_errors_return_2_instead_of_exiting(capsys):
 def test_help_lists_the_subcommands_and_returns_0(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("run", "compare", "check", "env"):
+    for command in ("run", "compare", "tune", "check", "env"):
         assert command in out

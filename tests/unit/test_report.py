@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.report import bar_chart, format_table, ratio_to_best
+from harness.report import bar_chart, curve_chart, format_table, ratio_to_best
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -104,3 +104,16 @@ def test_bar_chart_errors_name_the_bad_input(tmp_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         bar_chart(args.pop("labels"), args.pop("values"), tmp_path / "x.png", title="t", **args)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_curve_chart_writes_png_with_ceilings_and_choice(tmp_path):
+    curves = [
+        {"label": "GPU:0", "points": [(64, 684.0), (256, 1128.0), (1024, 1345.0)], "fit": (0.049, 1 / 1438),
+         "ceiling": 1100, "chosen": (1000, 1340.0)},
+        {"label": "GPU:1", "points": [(64, 500.0), (512, 860.0)], "fit": None, "ceiling": 512,
+         "ceiling_label": "probed to 512 (step time)", "chosen": None},
+    ]
+    path = curve_chart(curves, tmp_path / "curves.png", title="seed 000", footnote="emulated")
+    _assert_png(path)
+    with pytest.raises(ValueError, match="at least one curve"):
+        curve_chart([], tmp_path / "none.png", title="x")
