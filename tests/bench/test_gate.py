@@ -68,11 +68,11 @@ def planted(tmp_path_factory):
     return repo, {"first": first, "same": same, "slower": slower, "broken": broken}
 
 
-def _gate(repo: Path, base: str, head: str) -> subprocess.CompletedProcess:
+def _gate(repo: Path, base: str, head: str, mode: str = "existing") -> subprocess.CompletedProcess:
     site = repo.parent / f"site-{repo.name}"
     install = f"{{python}} -m pip install --quiet --no-deps --no-build-isolation --upgrade --target {site} {{path}}"
     env = {**os.environ, "HOME": str(repo.parent), "ASV_PYTHONPATH": str(site)}  # asv drops PYTHONPATH
-    return subprocess.run([sys.executable, "-m", "harness", "bench-compare", base, head, "--mode", "existing",
+    return subprocess.run([sys.executable, "-m", "harness", "bench-compare", base, head, "--mode", mode,
                            "--machine", "gate-test", "--install-command", install, "--markdown",
                            str(repo.parent / "summary.md")], cwd=repo, capture_output=True, text=True, env=env,
                           timeout=300)
@@ -102,3 +102,12 @@ def test_gate_reports_a_benchmark_error_as_2(planted):
     done = _gate(repo, commits["slower"], commits["broken"])
     assert done.returncode == 2, done.stdout + done.stderr[-3000:]
     assert "Benchmark errors" in done.stdout and "| ! |" in done.stdout
+
+
+@pytest.mark.slow
+def test_gate_in_virtualenv_mode_builds_both_commits(planted):
+    # asv continuous creates a virtualenv and builds each commit there (about a minute here).
+    repo, commits = planted
+    done = _gate(repo, commits["same"], commits["slower"], mode="virtualenv")
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "asv continuous --factor 1.1" in done.stderr and "| + | `bench.Work.time_work`" in done.stdout
