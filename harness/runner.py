@@ -17,7 +17,7 @@ from enum import Enum
 
 from harness.emulate import EmulatedDevice
 
-__all__ = ["RunMethod", "RunConfig", "run_one", "gpu_index", "SOURCES"]
+__all__ = ["RunMethod", "RunConfig", "run_one", "build_model", "gpu_index", "SOURCES"]
 
 SOURCES = {
     "emulated": "emulated device: its own busy time (begin/end of its slice)",
@@ -177,7 +177,7 @@ def run_one(
     from harness.workloads import pipeline
 
     workload = workloads.get(config.model)
-    model = _build(config, workload)
+    model = build_model(config, workload)
     dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
                                     input_delay_ms=config.input_delay_ms)
     result = {"config": config.to_json(), "status": "running", "windows": [], "summary": None, "input": None,
@@ -212,9 +212,17 @@ def run_one(
     return result
 
 
-def _build(config: RunConfig, workload):
+def build_model(config: RunConfig, workload=None):
+    """``config``'s model, parallelized and compiled as ``run_one`` trains it (asv's step timings use it too).
+
+    Args:
+        config: what to build: model, size, method, devices, batches (the split ratios), emulated devices.
+        workload: ``harness.workloads.get(config.model)``, if already looked up.
+    """
+    from harness import workloads
     from harness.parallel import parallelize
 
+    workload = workloads.get(config.model) if workload is None else workload
     template = workload.build(config.size, seed=config.seed)
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices), ratios=list(config.batches), method=method,

@@ -1,0 +1,379 @@
+"""Shared fixtures of the asv suites: the grid, the devices, the splits and prepared training steps.
+
+Append, never change: a benchmark's history compares only while what it
+measures stays the same. Adding a grid, a workload or a helper is fine;
+changing the ci grid's emulated devices, batches or timings starts a new
+history (say so in the commit, and give the affected benchmarks a ``version``).
+
+The grid comes from one environment variable, ``HARNESS_BENCH_GRID``:
+
+- ``ci`` (default): tiny workloads on emulated devices (logical CPUs that work
+  at set speeds), a few minutes on 2 CPU cores. Figures are emulated.
+- ``smoke``: the ci parameters with the shortest timings; the CI test uses it
+  to prove every benchmark runs. Its figures mean nothing.
+- ``full``: the seed-sized workloads on the machine's real GPUs.
+
+asv 0.6.6 with ``launch_method: spawn`` runs every parameter combination of a
+benchmark in a process of its own (``asv.runner._run_benchmark_single_param``),
+and TensorFlow fixes its devices once per process. So every process creates the
+same layout (all the grid's emulated devices, or all GPUs) and a combination
+takes the first N devices of it; one the machine cannot run raises
+``NotImplementedError`` in ``setup``, which asv reports as skipped.
+
+Nothing here imports TensorFlow at module level: asv imports every suite to
+discover the benchmarks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+__all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combination", "use_devices", "all_devices",
+           "emulated", "device_profiles", "setup_profiles", "split_batches", "run_config", "prepared_step",
+           "fidelity_report", "tune_record"]
+
+GRID_VARIABLE = "HARNESS_BENCH_GRID"
+METHODS = ("single", "towers", "mirrored")
+SPLITS = ("even", "ratio", "tuned")
+TUNED_MARGIN = 0.05  # the share of each memory ceiling the tuned split leaves free, as `harness tune`
+
+
+@dataclass(frozen=True)
+class BenchGrid:
+    """What the suites run: workloads, device counts, batches, timings.
+
+    ``emulate`` lists the emulated devices every process creates (a combination
+    with N devices uses the first N); None means the machine's real GPUs.
+    """
+
+    name: str
+    workloads: tuple[str, ...]
+    size: str
+    device_counts: tuple[int, ...]
+    batch_per_device: Mapping[str, int]  # global batch = this x devices (weak scaling, as seed 000 advises)
+    emulate: str | None
+    seconds: float  # run_one: seconds per timing window
+    windows: int
+    warmup_steps: int
+    repeat: tuple[int, int, float]  # time_train_step: (min samples, max samples, max seconds)
+    rounds: int  # processes per time_ combination (asv's "rounds"); --quick makes it 1
+    timeout: float  # seconds per benchmark process
+    fidelity_workloads: tuple[str, ...]
+    fidelity_device_counts: tuple[int, ...]
+    fidelity_steps: int
+    fidelity_ratios: tuple[float, ...]  # the uneven split (first N)
+    tune_model: str
+    tune_emulate: str | None  # emulated devices for the tuner; None: all GPUs
+    tune_options: Mapping[str, object] = field(default_factory=dict)  # keyword arguments of harness.tune
+    setup_timeout: float = 600.0  # setup_cache: profiling (full grid) or one tune()
+
+    def batch(self, workload: str) -> int:
+        """Per-device batch of ``workload``."""
+        return self.batch_per_device[workload]
+
+
+_CI = BenchGrid(
+    name="ci",
+    workloads=("mnist_maxing",),
+    size="tiny",
+    device_counts=(1, 2, 3),
+    batch_per_device={"mnist_maxing": 120},
+    # Emulated rates far below the tiny model's real speed on 2 cores (~20k samples/s), so the
+    # figures follow the emulation, not the CI machine's load; the fixed cost per step (ms) is
+    # why the tuned split differs from the ratio split.
+    emulate="2000::5,1000::10,500::20",
+    seconds=0.25,
+    windows=3,
+    warmup_steps=2,
+    repeat=(3, 10, 2.0),
+    rounds=1,
+    timeout=120.0,
+    # Not tiny resnet50: its training is chaotic at float level (permuting the rows inside each
+    # batch, which changes nothing mathematically, moves its weights 6e-3 after 4 steps on one
+    # device), so its deviation measures chaos, not the parallel step.
+    fidelity_workloads=("mnist_maxing",),
+    fidelity_device_counts=(3,),
+    fidelity_steps=4,
+    fidelity_ratios=(3.0, 2.0, 1.0),
+    tune_model="mnist_maxing",
+    tune_emulate="4000:600,2000:300",
+    tune_options={"verify_seconds": 0.5, "verify_windows": 2, "compare_even": False, "max_step_s": 0.5},
+    setup_timeout=300.0,
+)
+
+GRIDS: dict[str, BenchGrid] = {
+    "ci": _CI,
+    "smoke": replace(
+        _CI, name="smoke", seconds=0.1, windows=1, repeat=(1, 2, 0.5), timeout=90.0, fidelity_steps=2,
+        tune_emulate="4000:160,2000:80",
+        tune_options={"verify_seconds": 0.2, "verify_windows": 1, "compare_even": False, "max_step_s": 0.2,
+                      "tolerance": 0.25},
+    ),
+    "full": BenchGrid(
+        name="full",
+        workloads=("mnist_maxing", "gru_stack", "wide_mlp", "resnet50"),
+        size="full",
+        device_counts=(1, 2, 3, 4),
+        # seed 000: 1388 on two cards; seed 001: 128-1024 (512 here); seed 002: 2048 per GPU; ResNet50: 64.
+        batch_per_device={"mnist_maxing": 694, "gru_stack": 512, "wide_mlp": 2048, "resnet50": 64},
+        emulate=None,
+        seconds=2.0,
+        windows=5,
+        warmup_steps=3,
+        repeat=(10, 50, 10.0),
+        rounds=2,
+        timeout=1800.0,
+        fidelity_workloads=("mnist_maxing", "gru_stack", "wide_mlp", "resnet50"),
+        fidelity_device_counts=(2, 3, 4),
+        fidelity_steps=5,
+        fidelity_ratios=(3.0, 2.0, 1.0, 1.0),
+        tune_model="mnist_maxing",
+        tune_emulate=None,
+        tune_options={},
+        setup_timeout=3600.0,
+    ),
+}
+
+
+def current_grid() -> BenchGrid:
+    """The grid ``HARNESS_BENCH_GRID`` names (default ``ci``).
+
+    Raises:
+        ValueError: naming the unknown grid and the known ones.
+    """
+    name = os.environ.get(GRID_VARIABLE, "ci").strip() or "ci"
+    if name not in GRIDS:
+        raise ValueError(f"{GRID_VARIABLE} must be one of {', '.join(GRIDS)}; got {name!r}")
+    return GRIDS[name]
+
+
+def check_combination(method: str, split: str, count: int) -> None:
+    """Raises ``NotImplementedError`` for a combination that means nothing (asv skips it)."""
+    if method == "single" and count != 1:
+        raise NotImplementedError(f"method 'single' runs on one device; got devices={count}")
+    if split != "even" and count == 1:
+        raise NotImplementedError(f"one device has only the even split; got split={split!r}")
+
+
+_LAYOUT: list[str] = []  # this process's devices, created once (TensorFlow fixes them per process)
+
+
+def use_devices(grid: BenchGrid, count: int) -> list[str]:
+    """The first ``count`` devices of the grid's layout, creating the layout on first use.
+
+    Raises:
+        NotImplementedError: the machine has fewer devices (no GPU for the full grid, 3 asked of 2).
+    """
+    layout = all_devices(grid)
+    if count > len(layout):
+        raise NotImplementedError(f"{count} devices asked; this machine has {len(layout)}: {layout}")
+    return layout[:count]
+
+
+def all_devices(grid: BenchGrid) -> list[str]:
+    """Every device of the grid's layout, created on first use.
+
+    Raises:
+        NotImplementedError: the grid needs GPUs and there are none.
+    """
+    if not _LAYOUT:
+        _LAYOUT.extend(_create_layout(grid))
+    return list(_LAYOUT)
+
+
+def _create_layout(grid: BenchGrid) -> list[str]:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log out of asv's output
+    from harness.devices import use_logical_devices
+    from harness.emulate import parse_emulate
+
+    if grid.emulate is not None:
+        n = len(parse_emulate(grid.emulate))
+        # Each emulated device sleeps on one inter-op thread: leave two for the real work.
+        return use_logical_devices(n, inter_op_threads=n + 2)
+    import tensorflow as tf
+
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if not gpus:
+        raise NotImplementedError(f"the {grid.name} grid runs on GPUs; TensorFlow sees none here")
+    return gpus
+
+
+def emulated(grid: BenchGrid, count: int):
+    """The first ``count`` emulated devices of the grid, or None on real devices."""
+    from harness.emulate import parse_emulate
+
+    return None if grid.emulate is None else parse_emulate(grid.emulate)[:count]
+
+
+def device_profiles(grid: BenchGrid) -> dict:
+    """Each device's step-time model and memory ceiling per workload, for the ratio and tuned splits.
+
+    Emulated devices are known exactly: ``t(b) = overhead + b / rate``, ceiling
+    MAXBATCH (nothing is measured, so every ci process agrees). Real GPUs are
+    profiled alone, once per asv run (``setup_cache``): ``harness.tuning``'s
+    ceiling search and step-time fit, up to the largest global batch of the grid.
+
+    Returns:
+        ``{"source", "workloads": {name: [{"fixed_s", "per_sample_s", "ceiling"}, ...]}}``,
+        or ``{"error": why}`` when the machine cannot run the grid (asv's cache must not be None).
+    """
+    from harness.emulate import parse_emulate
+
+    if grid.emulate is not None:
+        rows = [{"fixed_s": s.overhead_ms / 1000.0, "per_sample_s": 1.0 / s.rate, "ceiling": s.max_batch}
+                for s in parse_emulate(grid.emulate)]
+        return {"source": "emulated", "workloads": {w: rows for w in grid.workloads}}
+    try:
+        names = all_devices(grid)
+    except NotImplementedError as err:
+        return {"error": str(err)}
+    from harness import workloads
+    from harness.tuning.tuner import profile_devices
+
+    out = {}
+    for name in grid.workloads:
+        limit = grid.batch(name) * max(grid.device_counts)
+        probes, _ = profile_devices(workloads.get(name), grid.size, names, [None] * len(names), limit=limit)
+        out[name] = [{"fixed_s": fit.model.fixed_s, "per_sample_s": fit.model.per_sample_s,
+                      "ceiling": probe.ceiling if probe.stopped_by == "oom" else None} for probe, fit in probes]
+        for probe, _ in probes:
+            probe.release()
+    return {"source": "profiled", "workloads": out}
+
+
+def setup_profiles() -> dict:
+    """asv ``setup_cache`` of the throughput classes: ``device_profiles`` of the current grid.
+
+    One function for every class that uses it: asv keys a cache by the function's
+    module and line, so the classes share one run of it (one profiling of the GPUs).
+    """
+    return device_profiles(current_grid())
+
+
+def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, count: int) -> tuple[int, ...]:
+    """Per-device batches of the grid's global batch for ``count`` devices.
+
+    ``even``: equal shares. ``ratio``: shares in proportion to each device's
+    samples/s alone at the even share (what ``harness compare`` measures first;
+    here from the step-time models). ``tuned``: ``harness.tuning.solver.solve_split``
+    on the same models, within the ceilings less a 5% margin (a device may get 0).
+
+    Raises:
+        NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
+    """
+    from harness.split import split_batch
+    from harness.tuning.solver import StepModel, solve_split
+
+    if "error" in profiles:
+        raise NotImplementedError(profiles["error"])
+    rows = profiles["workloads"][workload][:count]
+    models = [StepModel(r["fixed_s"], r["per_sample_s"]) for r in rows]
+    batch = grid.batch(workload) * count
+    share = grid.batch(workload)
+    if split == "even":
+        batches = split_batch(batch, [1.0] * count)
+    elif split == "ratio":
+        batches = split_batch(batch, [m.samples_per_second(share) for m in models])
+    elif split == "tuned":
+        usable = [batch if r["ceiling"] is None else max(1, math.floor(r["ceiling"] * (1 - TUNED_MARGIN)))
+                  for r in rows]
+        if batch > sum(usable):
+            raise NotImplementedError(f"global batch {batch} exceeds the devices' usable memory {usable}")
+        batches = solve_split(models, usable, batch).batches
+    else:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    over = [(i, b, r["ceiling"]) for i, (b, r) in enumerate(zip(batches, rows))
+            if r["ceiling"] is not None and b > r["ceiling"]]
+    if over:
+        raise NotImplementedError(f"{split} split {list(batches)} exceeds memory ceilings (device, batch, "
+                                  f"ceiling): {over}")
+    return tuple(batches)
+
+
+def run_config(grid: BenchGrid, profiles: dict, workload: str, method: str, split: str, count: int):
+    """The ``harness.runner.RunConfig`` of one combination; creates the devices.
+
+    A tuned split that leaves a device out runs without it (on one device: ``single``),
+    as ``harness compare`` does.
+
+    Raises:
+        NotImplementedError: a meaningless combination or one this machine cannot run.
+    """
+    from harness.runner import RunConfig
+
+    check_combination(method, split, count)
+    batches = split_batches(grid, profiles, workload, split, count)
+    specs = emulated(grid, count)
+    names = use_devices(grid, count)
+    used = [i for i, b in enumerate(batches) if b > 0]
+    if len(used) == 1 < count:  # the tuned split left all but one device out
+        method = "single"
+    return RunConfig(workload, grid.size, method, tuple(names[i] for i in used), tuple(batches[i] for i in used),
+                     seconds=grid.seconds, windows=grid.windows, warmup_steps=grid.warmup_steps,
+                     emulate=None if specs is None else tuple(specs[i] for i in used))
+
+
+_PREPARED: dict = {}  # RunConfig -> (model, x, y): asv re-runs setup before every sample of a time_ benchmark
+
+
+def prepared_step(config) -> tuple:
+    """``(model, x, y)``: ``config``'s model as ``harness run`` builds it, one batch, warm.
+
+    The model is built by ``harness.runner.build_model`` and has trained
+    ``config.warmup_steps`` untimed steps on the batch (tracing, allocation).
+    Cached per process: asv calls ``setup`` again before each timed sample.
+    """
+    if config not in _PREPARED:
+        import tensorflow as tf
+
+        from harness import workloads
+        from harness.runner import build_model
+
+        workload = workloads.get(config.model)
+        model = build_model(config, workload)
+        x, y = workload.make_data(config.size, config.batch, seed=config.seed)
+        x, y = tf.nest.map_structure(tf.constant, x), tf.constant(y)
+        for _ in range(config.warmup_steps):
+            model.train_on_batch(x, y)
+        _PREPARED[config] = (model, x, y)
+    return _PREPARED[config]
+
+
+def fidelity_report(grid: BenchGrid, workload: str, method: str, devices: Sequence[str]):
+    """``harness.equivalence.compare_training`` of ``workload`` on ``devices`` with the grid's uneven split.
+
+    Both runs start from the same weights and train ``grid.fidelity_steps``
+    steps of the grid's global batch with the workload's own optimizer and loss.
+    """
+    from harness import workloads
+    from harness.equivalence import compare_training
+
+    spec = workloads.get(workload)
+    batch = grid.batch(workload) * len(devices)
+    x, y = spec.make_data(grid.size, batch * grid.fidelity_steps, seed=0)
+    return compare_training(lambda: spec.build(grid.size, seed=0), x, y, devices=list(devices),
+                            ratios=list(grid.fidelity_ratios[:len(devices)]), method=method, batch_size=batch,
+                            optimizer=spec.optimizer, loss=spec.loss(), seed=0)
+
+
+def tune_record(grid: BenchGrid) -> dict:
+    """One ``harness.tune`` of the grid's tuner case (most samples/s, mirrored), or ``{"error": why}``."""
+    from harness.emulate import parse_emulate
+
+    try:
+        if grid.tune_emulate is not None:
+            specs = parse_emulate(grid.tune_emulate)
+            devices = use_devices(grid, len(specs))
+        else:
+            specs = None
+            devices = all_devices(grid)
+            if len(devices) < 2:
+                raise NotImplementedError(f"tuning a split needs two devices or more; this machine has {devices}")
+    except NotImplementedError as err:
+        return {"error": str(err)}
+    from harness.tuning.tuner import tune
+
+    return tune(grid.tune_model, devices=devices, size=grid.size, emulate=specs, **grid.tune_options)

@@ -1,0 +1,102 @@
+"""Throughput per workload, method, split and device count: samples/s, step time, memory.
+
+``track_samples_per_second`` is ``harness run``: ``harness.runner.run_one``
+with the grid's windows, the median window's samples/s. The step benchmarks
+build the model with ``harness.runner.build_model``, as ``run_one`` does, and
+time one ``train_on_batch`` of a prepared batch (it returns the loss as NumPy:
+the host waits for the device work, so each timed call ends synchronised).
+
+On the ci grid the devices are emulated: every figure is an emulated figure.
+"""
+
+from __future__ import annotations
+
+from . import common
+
+GRID = common.current_grid()
+PARAMS = [list(GRID.workloads), list(common.METHODS), list(common.SPLITS), list(GRID.device_counts)]
+PARAM_NAMES = ["workload", "method", "split", "devices"]
+
+
+class _Combinations:
+    """The throughput grid; ``setup_cache`` gives each device's step-time model (see ``common.split_batches``)."""
+
+    params = PARAMS
+    param_names = PARAM_NAMES
+    timeout = GRID.timeout
+    # One function for every class: asv keys the cache by its module and line, so the GPUs are profiled once.
+    setup_cache = staticmethod(common.setup_profiles)
+
+
+class Throughput(_Combinations):
+    """Samples/s of ``harness run`` for each combination."""
+
+    def setup(self, profiles, workload, method, split, devices):
+        self.config = common.run_config(GRID, profiles, workload, method, split, devices)
+
+    def track_samples_per_second(self, profiles, workload, method, split, devices):
+        from harness.runner import run_one
+
+        result = run_one(self.config)
+        if result["status"] != "complete":
+            raise RuntimeError(f"{self.config.method} with batches {list(self.config.batches)}: "
+                               f"{result['status']}: {result['error']}")
+        return result["summary"]["samples_per_second"]["median"]
+
+    track_samples_per_second.unit = "samples/s"
+
+
+class TrainStep(_Combinations):
+    """Wall time of one training step on a prepared batch."""
+
+    number = 1  # a call is a whole step (tens of ms to seconds): time each one
+    repeat = GRID.repeat
+    rounds = GRID.rounds
+    warmup_time = 0  # setup already ran the warm-up steps
+
+    def setup(self, profiles, workload, method, split, devices):
+        config = common.run_config(GRID, profiles, workload, method, split, devices)
+        self.model, self.x, self.y = common.prepared_step(config)
+
+    def time_train_step(self, profiles, workload, method, split, devices):
+        self.model.train_on_batch(self.x, self.y)  # returns NumPy: the host has waited for the step
+
+
+class HostMemory(_Combinations):
+    """Peak host memory (RSS) of a process that built the model and trained a step, even split.
+
+    No split axis: the global batch is the same for every split, and measured
+    host peaks differed by under 1% between even, ratio and tuned (each
+    combination costs a TensorFlow process; ci time is better spent elsewhere).
+    TensorFlow itself accounts for most of it (~600 MB on CPU).
+    """
+
+    params = [list(GRID.workloads), list(common.METHODS), list(GRID.device_counts)]
+    param_names = ["workload", "method", "devices"]
+
+    def setup(self, profiles, workload, method, devices):
+        config = common.run_config(GRID, profiles, workload, method, "even", devices)
+        self.model, self.x, self.y = common.prepared_step(config)
+
+    def peakmem_train_step(self, profiles, workload, method, devices):
+        self.model.train_on_batch(self.x, self.y)
+
+
+class GpuMemory(_Combinations):
+    """Peak GPU memory during one training step (weights included) on the first device used (full grid only)."""
+
+    def setup(self, profiles, workload, method, split, devices):
+        if GRID.emulate is not None:
+            raise NotImplementedError(f"the {GRID.name} grid runs on emulated devices: no GPU memory to measure")
+        config = common.run_config(GRID, profiles, workload, method, split, devices)
+        self.model, self.x, self.y = common.prepared_step(config)
+        self.device = config.devices[0].replace("/device:", "")  # a tuned split may leave GPU:0 out
+
+    def track_peak_gpu_memory_bytes(self, profiles, workload, method, split, devices):
+        import tensorflow as tf
+
+        tf.config.experimental.reset_memory_stats(self.device)  # the peak restarts from what is held now
+        self.model.train_on_batch(self.x, self.y)
+        return tf.config.experimental.get_memory_info(self.device)["peak"]
+
+    track_peak_gpu_memory_bytes.unit = "bytes"
