@@ -52,7 +52,13 @@ def load_matrix(path: Path | str | None = None) -> list[Entry]:
         ValueError: naming the entry and field that is missing or malformed,
             duplicate names, or not exactly one ``newest`` entry.
     """
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise RuntimeError("reading docker/matrix.toml needs Python >= 3.11 or the tomli package") from None
 
     path = Path(path) if path is not None else default_path()
     with open(path, "rb") as f:
