@@ -148,13 +148,7 @@ def bar_chart(
     _draw_bars(axes, checked, spreads, best, horizontal)
     _label_bars(axes, checked, spreads, texts, best, horizontal)
     _set_axes(axes, labels, title, ylabel, horizontal)
-    figure.tight_layout(rect=(0, 0.06 if footnote else 0, 1, 1))
-    if footnote:
-        figure.text(0.01, 0.01, footnote, fontsize=8, color="dimgray", ha="left", va="bottom")
-    path = Path(path)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format=path.suffix.lstrip(".").lower() or "png")
-    return write_bytes_atomic(path, buffer.getvalue())
+    return _save(figure, path, footnote, 0.06)
 
 
 def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnote: str | None = None) -> Path:
@@ -206,7 +200,12 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    figure.tight_layout(rect=(0, 0.05 if footnote else 0, 1, 1))
+    return _save(figure, path, footnote, 0.05)
+
+
+def _save(figure, path: Path | str, footnote: str | None, footnote_height: float) -> Path:
+    """Lays out ``figure`` (room for the footnote), adds the footnote, writes it atomically in ``path``'s format."""
+    figure.tight_layout(rect=(0, footnote_height if footnote else 0, 1, 1))
     if footnote:
         figure.text(0.01, 0.01, footnote, fontsize=8, color="dimgray", ha="left", va="bottom")
     path = Path(path)
