@@ -11,7 +11,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest"]
+__all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest", "build_args", "bake_file", "CPU_BASE"]
+
+CPU_BASE = "debian:bookworm-slim"
+VARIANTS = ("cpu", "gpu")
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*$")
 _VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
@@ -41,8 +44,16 @@ class Entry:
 
 
 def default_path() -> Path:
-    """``docker/matrix.toml`` of this checkout."""
-    return Path(__file__).resolve().parent.parent / "docker" / "matrix.toml"
+    """``docker/matrix.toml`` of the checkout harness runs from (editable install), else of the
+    current directory or its nearest parent that has one (an installed harness run in a checkout)."""
+    beside = Path(__file__).resolve().parent.parent / "docker" / "matrix.toml"
+    if beside.exists():
+        return beside
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "docker" / "matrix.toml").exists():
+            return folder / "docker" / "matrix.toml"
+    return beside
 
 
 def load_matrix(path: Path | str | None = None) -> list[Entry]:
@@ -101,3 +112,126 @@ def tox_deps(entry: Entry) -> list[str]:
     elif _VERSION.match(entry.keras):
         deps.append(f"keras=={entry.keras}")
     return deps
+
+
+def _keras_requirement(entry: Entry) -> str:
+    if entry.keras.startswith("tf-keras"):
+        return f"tf-keras=={entry.keras.split()[-1]}"
+    if _VERSION.match(entry.keras):
+        return f"keras=={entry.keras}"
+    return ""  # the Keras TF itself depends on
+
+
+def build_args(entry: Entry, variant: str = "cpu", cpu_base: str = CPU_BASE) -> dict[str, str]:
+    """``docker build --build-arg`` values of ``docker/Dockerfile`` for one entry.
+
+    Args:
+        entry: the matrix entry.
+        variant: ``"cpu"`` (``tensorflow-cpu`` on Debian) or ``"gpu"``
+            (``tensorflow[and-cuda]`` on the entry's CUDA base image).
+        cpu_base: the Debian image the CPU variant starts from.
+
+    Raises:
+        ValueError: for an unknown variant.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {list(VARIANTS)}; got variant={variant!r}")
+    tf_package = "tensorflow-cpu" if variant == "cpu" else "tensorflow[and-cuda]"
+    return {
+        "BASE_IMAGE": cpu_base if variant == "cpu" else entry.gpu_base,
+        "PYTHON": entry.python,
+        "ENTRY": entry.name,
+        "VARIANT": variant,
+        "TENSORFLOW": entry.tensorflow,
+        "KERAS": entry.keras.split()[-1] if entry.keras.startswith("tf-keras") else entry.keras,
+        "TF_REQUIREMENT": f"{tf_package}=={entry.tensorflow}",
+        "KERAS_REQUIREMENT": _keras_requirement(entry),
+        "CUDA": entry.cuda,
+        "CUDNN": entry.cudnn,
+        "TF_USE_LEGACY_KERAS": entry.env.get("TF_USE_LEGACY_KERAS", "0"),
+    }
+
+
+def image_tag(entry: Entry, variant: str = "cpu") -> str:
+    """``harness:<entry>`` for the CPU image, ``harness:<entry>-gpu`` for the GPU one."""
+    return f"harness:{entry.name}" if variant == "cpu" else f"harness:{entry.name}-gpu"
+
+
+def bake_file(entries: list[Entry]) -> str:
+    """The text of ``docker/docker-bake.hcl``: one target per entry and variant.
+
+    ``docker buildx bake --file docker/docker-bake.hcl tf221`` builds the CPU
+    image of ``tf221``; ``tf221-gpu`` its GPU image; groups ``cpu`` and ``gpu``
+    build all. ``OFFLINE=1`` installs only from ``docker/wheelhouse``.
+    """
+    out = [
+        "# Generated from docker/matrix.toml by `python -m harness.matrix bake > docker/docker-bake.hcl`.",
+        "# Do not edit: tests/unit/test_matrix.py fails when this file and the matrix disagree.",
+        "# Run from the repository root after `pip wheel --no-deps --wheel-dir docker/wheelhouse .`.",
+        "",
+        'variable "OFFLINE" {\n  default = "0"\n}',
+        "",
+        f'variable "CPU_BASE" {{\n  default = "{CPU_BASE}"\n}}',
+        "",
+        'group "default" {\n  targets = ["cpu"]\n}',
+        "",
+    ]
+    for variant in VARIANTS:
+        names = ", ".join(f'"{image_tag(e, variant).split(":")[1]}"' for e in entries)
+        out += [f'group "{variant}" {{\n  targets = [{names}]\n}}', ""]
+    out += ['target "_common" {\n  context    = "docker"\n  dockerfile = "Dockerfile"\n}', ""]
+    for entry in entries:
+        for variant in VARIANTS:
+            tag = image_tag(entry, variant)
+            args = build_args(entry, variant, cpu_base="${CPU_BASE}")
+            args["OFFLINE"] = "${OFFLINE}"
+            width = max(len(k) for k in args)
+            lines = [f'    {k.ljust(width)} = "{v}"' for k, v in args.items()]
+            out += [
+                f'target "{tag.split(":")[1]}" {{',
+                '  inherits = ["_common"]',
+                f'  tags     = ["{tag}"]',
+                "  args = {",
+                *lines,
+                "  }",
+                "}",
+                "",
+            ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _as_json(entries: list[Entry]) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps([asdict(e) for e in entries])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.matrix json|bake|build-args NAME [--gpu]`` (used by workflows and the bake file)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.matrix", description=main.__doc__)
+    parser.add_argument("what", choices=["json", "bake", "build-args", "names"])
+    parser.add_argument("name", nargs="?", help="the entry, for build-args")
+    parser.add_argument("--gpu", action="store_true", help="build-args of the GPU variant")
+    parser.add_argument("--file", default=None, help="the matrix file (default docker/matrix.toml)")
+    args = parser.parse_args(argv)
+    entries = load_matrix(args.file)
+    if args.what == "json":
+        print(_as_json(entries))
+    elif args.what == "names":
+        print("\n".join(e.name for e in entries))
+    elif args.what == "bake":
+        print(bake_file(entries), end="")
+    else:
+        by_name = {e.name: e for e in entries}
+        if args.name not in by_name:
+            parser.error(f"build-args needs an entry name, one of {sorted(by_name)}; got {args.name!r}")
+        for key, value in build_args(by_name[args.name], "gpu" if args.gpu else "cpu").items():
+            print(f"--build-arg={key}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

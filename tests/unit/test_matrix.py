@@ -35,7 +35,7 @@ def test_every_matrix_entry_has_its_tox_env_with_the_same_pins():
 
 
 def test_no_tox_env_pins_tensorflow_outside_the_matrix():
-    names = {e.name for e in load_matrix()} | {"gpu", "bench", "lint"}
+    names = {e.name for e in load_matrix()} | {"gpu", "bench", "lint", "docker", "types"}
     pinned = [s for s in _tox().sections() if s.startswith("testenv:") and s.split(":", 1)[1] not in names]
     assert pinned == [], f"tox envs not in docker/matrix.toml: {pinned}"
 
@@ -75,3 +75,72 @@ def test_bad_matrix_files_name_the_problem(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(ValueError, match=message):
         load_matrix(path)
+
+
+def test_the_bake_file_is_the_one_generated_from_the_matrix():
+    from harness.matrix import bake_file
+
+    committed = (ROOT / "docker" / "docker-bake.hcl").read_text()
+    assert committed == bake_file(load_matrix()), (
+        "docker/docker-bake.hcl is stale: python -m harness.matrix bake > docker/docker-bake.hcl")
+
+
+def test_the_bake_file_parses_as_hcl_with_one_target_per_entry_and_variant():
+    hcl2 = pytest.importorskip("hcl2")
+    from harness.matrix import build_args
+
+    with open(ROOT / "docker" / "docker-bake.hcl") as f:
+        parsed = hcl2.load(f)
+    targets = {name.strip('"'): body for block in parsed["target"] for name, body in block.items()}
+    for entry in load_matrix():
+        for variant, name in (("cpu", entry.name), ("gpu", f"{entry.name}-gpu")):
+            args = {k: v.strip('"') for k, v in targets[name]["args"].items()}
+            want = build_args(entry, variant, cpu_base="${CPU_BASE}") | {"OFFLINE": "${OFFLINE}"}
+            assert args == want, name
+            assert [t.strip('"') for t in targets[name]["tags"]] == [f"harness:{name}"]
+    assert len(targets) == 2 * len(load_matrix()) + 1  # + "_common"
+
+
+def test_the_bake_check_fails_when_the_matrix_moves(tmp_path):
+    # the guard above, shown failing: a TF bump in the matrix without regenerating the bake file
+    from harness.matrix import bake_file
+
+    text = (ROOT / "docker" / "matrix.toml").read_text().replace('tensorflow = "2.20.0"', 'tensorflow = "2.20.1"')
+    moved = tmp_path / "matrix.toml"
+    moved.write_text(text)
+    assert bake_file(load_matrix(moved)) != (ROOT / "docker" / "docker-bake.hcl").read_text()
+
+
+def test_build_args_pin_the_variant_and_keras_of_each_entry():
+    from harness.matrix import build_args
+
+    entries = {e.name: e for e in load_matrix()}
+    legacy = build_args(entries["legacy"], "gpu")
+    assert legacy["TF_REQUIREMENT"] == "tensorflow[and-cuda]==2.21.0"
+    assert legacy["KERAS_REQUIREMENT"] == "tf-keras==2.21.0" and legacy["TF_USE_LEGACY_KERAS"] == "1"
+    assert legacy["BASE_IMAGE"] == entries["legacy"].gpu_base
+    tf215 = build_args(entries["tf215"])
+    assert tf215["TF_REQUIREMENT"] == "tensorflow-cpu==2.15.1" and tf215["KERAS_REQUIREMENT"] == ""
+    assert tf215["BASE_IMAGE"].startswith("debian:bookworm")
+    with pytest.raises(ValueError, match="variant must be one of \\['cpu', 'gpu'\\]; got variant='tpu'"):
+        build_args(entries["tf215"], "tpu")
+
+
+def test_the_dockerfile_declares_every_build_arg():
+    from harness.matrix import build_args
+
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    for key in [*build_args(load_matrix()[0]), "OFFLINE"]:
+        assert f"ARG {key}=" in text, key
+
+
+def test_matrix_module_cli_prints_json_and_build_args(capsys):
+    from harness.matrix import main
+
+    assert main(["json"]) == 0
+    assert [e["name"] for e in json.loads(capsys.readouterr().out)] == [e.name for e in load_matrix()]
+    assert main(["build-args", "tf221", "--gpu"]) == 0
+    assert "--build-arg=TF_REQUIREMENT=tensorflow[and-cuda]==2.21.0" in capsys.readouterr().out.splitlines()
+    with pytest.raises(SystemExit):
+        main(["build-args", "tf999"])
+    assert "got 'tf999'" in capsys.readouterr().err

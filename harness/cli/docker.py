@@ -1,0 +1,155 @@
+"""``harness docker``: build a version-matrix image for real, smoke-test it, run the fast suite inside.
+
+Uses the engine ``docker`` reaches (``DOCKER_HOST`` or the default socket). Where
+none answers and this is root, starts a private dockerd (vfs, no iptables, own
+socket and data root under ``--work-dir``) and stops and deletes it afterwards.
+Where no registry answers, the Debian base is built with debootstrap. By default
+every package comes from a wheelhouse filled on the host (``--offline``, the
+mode for air-gapped runners); ``--online`` lets pip inside the build use the index.
+
+Examples:
+    harness docker test                     # tf221 CPU image: build, `harness env`, fast suite inside
+    harness docker test --entry legacy      # TF 2.21 + tf-keras (Keras 2)
+    harness docker build --entry tf215 --keep-image
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_parser", "run"]
+
+_SUITE_CMD = ("mkdir -p ~/src && tar -C /src --exclude=./.venv --exclude=./.tox --exclude=./.asv "
+              "--exclude=./docker/wheelhouse -cf - . | tar -C ~/src -xf - && cd ~/src && "
+              "python -m pytest -p no:cacheprovider -q -n {workers} -m 'not docker and not gpu' {extra}")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("docker", help="build a matrix image, smoke-test it, run the suite inside",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["build", "test"], help="build: image + `harness env`; test: also the suite")
+    p.add_argument("--entry", default=None, help="docker/matrix.toml entry (default: the newest)")
+    p.add_argument("--variant", choices=["cpu", "gpu"], default="cpu", help="image variant (default cpu)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--offline", dest="offline", action="store_true", default=True,
+                      help="install only from a host-filled wheelhouse (default)")
+    mode.add_argument("--online", dest="offline", action="store_false", help="let pip in the build use the index")
+    p.add_argument("--work-dir", default=None,
+                   help="engine root, build context and base cache (default ~/.cache/harness/docker)")
+    p.add_argument("--keep-image", action="store_true", help="leave the image in the engine")
+    p.add_argument("--keep-engine", action="store_true", help="leave a private engine running (prints DOCKER_HOST)")
+    p.add_argument("--no-pull", action="store_true", help="never try a registry for the Debian base")
+    p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers in the container (default 2)")
+    p.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
+    p.set_defaults(run=run)
+
+
+def _log(line: str) -> None:
+    print(f"  | {line}", file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+    print(f"harness docker: {line}", file=sys.stderr, flush=True)
+
+
+def run(args) -> int:
+    from harness import containers
+    from harness.matrix import build_args, default_path, image_tag, load_matrix, newest
+
+    entries = load_matrix()
+    by_name = {e.name: e for e in entries}
+    entry = newest(entries) if args.entry is None else by_name.get(args.entry)
+    if entry is None:
+        raise ValueError(f"--entry must be one of {sorted(by_name)}; got {args.entry!r}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1; got {args.workers}")
+    repo = default_path().parent.parent
+    if not (repo / "docker" / "Dockerfile").exists():
+        raise RuntimeError(f"harness docker needs a checkout with docker/Dockerfile; {repo} has none")
+    work = Path(args.work_dir or Path.home() / ".cache" / "harness" / "docker").resolve()
+    tag = image_tag(entry, args.variant)
+    report: dict = {"entry": entry.name, "variant": args.variant, "tag": tag, "offline": args.offline,
+                    "tensorflow": entry.tensorflow, "keras": entry.keras, "python": entry.python}
+    wall = time.perf_counter()
+    engine = containers.find_engine()
+    if engine is None:
+        _say("no engine answers; starting a private one")
+        engine = containers.start_engine(work / "engine", _log)
+    report["engine_started"] = engine.started
+    try:
+        _build_and_check(args, containers, engine, entry, tag, repo, work, report, build_args)
+    finally:
+        if not args.keep_image:
+            engine.docker("image", "rm", "--force", tag, check=False, timeout=300)
+        if args.keep_engine and engine.started:
+            _say(f"engine left running: export DOCKER_HOST={engine.host}")
+        else:
+            engine.stop()
+    report["wall_s"] = round(time.perf_counter() - wall, 1)
+    _print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report.get("tests_rc", 0) == 0 else 1
+
+
+def _build_and_check(args, containers, engine, entry, tag, repo, work, report, build_args) -> None:
+    context = work / f"context-{entry.name}-{args.variant}"
+    context.mkdir(parents=True, exist_ok=True)
+    shutil.copy(repo / "docker" / "Dockerfile", context / "Dockerfile")
+    _say(f"wheelhouse ({'offline: every package' if args.offline else 'online: the harness wheel only'})")
+    start = time.perf_counter()
+    containers.fill_wheelhouse(context / "wheelhouse", entry, args.variant, repo, args.offline, _log)
+    report["wheelhouse_s"] = round(time.perf_counter() - start, 1)
+    report["wheelhouse_bytes"] = sum(f.stat().st_size for f in (context / "wheelhouse").glob("*.whl"))
+    bargs = build_args(entry, args.variant)
+    if args.variant == "cpu":
+        bargs["BASE_IMAGE"] = containers.ensure_cpu_base(engine, work, bargs["BASE_IMAGE"], _log,
+                                                         pull=not args.no_pull)
+    bargs["OFFLINE"] = "1" if args.offline else "0"
+    report["base"] = bargs["BASE_IMAGE"]
+    _say(f"building {tag} on {bargs['BASE_IMAGE']}")
+    report["build_s"] = round(containers.build_image(engine, context / "Dockerfile", context, tag, bargs, _log), 1)
+    report.update(containers.image_facts(engine, tag))
+    _say(f"smoke: harness env in {tag}")
+    code, lines, seconds = containers.run_in_image(engine, tag, ["harness", "env"], gpus=args.variant == "gpu",
+                                                   log=_log, timeout=300)
+    report.update(env_rc=code, env_output="\n".join(lines), env_s=round(seconds, 1))
+    if code != 0:
+        raise RuntimeError(f"`harness env` failed in {tag} (exit {code})")
+    if args.action == "test":
+        command = _SUITE_CMD.format(workers=args.workers, extra=args.pytest_args)
+        _say(f"fast suite in {tag}: {command.split('&& ')[-1]}")
+        env_pairs = [f"{k}={v}" for k, v in entry.env.items()]
+        code, lines, seconds = containers.run_in_image(
+            engine, tag, ["env", *env_pairs, "bash", "-c", command], mount=repo, gpus=args.variant == "gpu",
+            log=_log, timeout=3600)
+        summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or "failed" in ln)), "")
+        report.update(tests_rc=code, tests_s=round(seconds, 1), tests_summary=summary.strip("= "))
+
+
+def _print_report(report: dict) -> None:
+    size = report.get("size_bytes")
+    rows = [("image", f"{report['tag']} (entry {report['entry']}, {report['variant']}, "
+                      f"{'offline wheelhouse' if report['offline'] else 'online'})"),
+            ("versions", f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, Python {report['python']}"),
+            ("base", report.get("base", "?")),
+            ("engine", "private dockerd (started and stopped here)" if report.get("engine_started") else "existing"),
+            ("image size", f"{size / 2**30:.2f} GiB ({size:,} bytes)" if size else "?"),
+            ("user", report.get("user") or "root"),
+            ("wheelhouse", f"{report.get('wheelhouse_bytes', 0) / 2**20:.0f} MiB in {report.get('wheelhouse_s')} s"),
+            ("build", f"{report.get('build_s')} s"),
+            ("tests", f"{report.get('tests_summary') or '-'} ({report.get('tests_s', '-')} s in the container)"),
+            ("total", f"{report.get('wall_s')} s")]
+    print("\n".join(f"{k:<11} {v}" for k, v in rows))
+    if report.get("env_output"):
+        print("\nharness env (inside the container):\n" + report["env_output"])
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as out:
+            out.write("\n".join(f"- **{k}**: {v}" for k, v in rows) + "\n")
