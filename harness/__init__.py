@@ -23,6 +23,7 @@ __all__ = [
     "EquivalenceReport",
     "tune",
     "Rebalance",
+    "step_watchdog",
 ]
 
 _LAZY = {
@@ -34,6 +35,7 @@ _LAZY = {
     "assert_equivalent": "harness.testing",
     "tune": "harness.tuning.tuner",
     "Rebalance": "harness.tuning.rebalance",
+    "step_watchdog": "harness.watchdog",
 }
 
 

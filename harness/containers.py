@@ -86,11 +86,22 @@ class Engine:
                 self.process.kill()
                 self.process.wait()
         if self.root is not None:
+            _unmount_under(self.root)  # dockerd bind-mounts its data root onto itself; a killed one leaves it
             run = self.root / "run"
             if run.is_symlink():
                 shutil.rmtree(run.resolve(), ignore_errors=True)
             shutil.rmtree(self.root, ignore_errors=True)
         self.started = False
+
+
+def _unmount_under(root: Path) -> None:
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    prefix = str(Path(root).resolve())
+    for point in sorted((m for m in mounts if m == prefix or m.startswith(prefix + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
 
 
 def _candidates() -> list[str]:

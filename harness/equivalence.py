@@ -118,6 +118,22 @@ def _fresh_optimizer(optimizer):
     return keras.optimizers.get(optimizer)
 
 
+def _fresh_metrics(metrics):
+    """Metric objects copied per model: one instance compiled into two models shares its state."""
+    import keras
+
+    def fresh(metric):
+        if isinstance(metric, keras.metrics.Metric):
+            return metric.__class__.from_config(metric.get_config())
+        return metric
+
+    if isinstance(metrics, dict):
+        return {k: _fresh_metrics(v) for k, v in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return [fresh(m) if not isinstance(m, (list, tuple, dict)) else _fresh_metrics(m) for m in metrics]
+    return fresh(metrics)
+
+
 def compare_training(
     build_model: Callable[[], object],
     x,
@@ -136,6 +152,7 @@ def compare_training(
     sync_batchnorm: bool = True,
     seed: int = 0,
     callbacks=None,
+    jit_compile="auto",
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
@@ -156,6 +173,7 @@ def compare_training(
         seed: seeds Keras before building the models.
         callbacks: Keras callbacks for the parallel run only, e.g. one that
             calls ``self.model.set_ratios(...)`` between steps.
+        jit_compile: passed to ``compile`` of both models (XLA on or off).
 
     Returns:
         An ``EquivalenceReport`` covering every weight and optimizer variable.
@@ -191,7 +209,8 @@ def compare_training(
     )
     histories = []
     for model, extra in ((single, None), (parallel, callbacks)):
-        model.compile(optimizer=_fresh_optimizer(optimizer), loss=loss, metrics=metrics)
+        model.compile(optimizer=_fresh_optimizer(optimizer), loss=loss, metrics=_fresh_metrics(metrics),
+                      jit_compile=jit_compile)
         histories.append(model.fit(x, y, callbacks=extra, **fit_args).history)
 
     diffs = _diff_variables(single.weights, template.weights, "")

@@ -101,6 +101,36 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {text}")
 
 
+def junit_versions() -> dict[str, str]:
+    """The versions a compatibility table needs, read without importing TensorFlow."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version(),
+                "TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS", "")}
+    for key, names in (("tensorflow", ("tensorflow", "tensorflow-cpu", "tf-nightly")), ("keras", ("keras",)),
+                       ("tf_keras", ("tf-keras",))):
+        for name in names:
+            try:
+                versions[key] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def pytest_sessionstart(session):
+    # `pytest --junitxml` files carry the versions as global properties (harness.compat_report reads them)
+    try:
+        from _pytest.junitxml import xml_key  # pytest >= 7: LogXML lives in the config's stash
+        xml = session.config.stash.get(xml_key, None)
+    except ImportError:
+        xml = getattr(session.config, "_xml", None)
+    if xml is not None:
+        for key, value in junit_versions().items():
+            xml.add_global_property(key, value)
+
+
 def pytest_collection_modifyitems(config, items):
     gpus = gpu_count()
     reasons = {

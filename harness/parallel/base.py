@@ -172,6 +172,23 @@ class ParallelModel(keras.Model):
             "a parallel model is not serialised itself: save() writes the single-device template model"
         )
 
+    # -- compile: never XLA -----------------------------------------------------
+    def compile(self, *args, jit_compile="auto", **kwargs):
+        """As ``keras.Model.compile``, without XLA: ``"auto"`` means off, ``True`` is refused.
+
+        Keras 3's ``"auto"`` turns XLA on wherever a GPU is visible. The split
+        sizes are tensors (partial batches, ``set_ratios``), which XLA needs as
+        compile-time constants, and XLA cannot read variables placed on other
+        devices (keras-team/keras#19005): the step would fail on the first GPU box.
+        """
+        if jit_compile is True:
+            raise ValueError(
+                "parallel models cannot be compiled with jit_compile=True: the ratio split's sizes change per "
+                "batch (partial batches, set_ratios) and XLA needs them as compile-time constants, and XLA cannot "
+                "read variables placed on other devices; use jit_compile=False (what 'auto' means here)"
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+
     # -- training entry points keep the template current ----------------------
     def fit(self, *args, **kwargs):
         if self.rebalancer is not None:
