@@ -92,6 +92,10 @@ def read_junit(path: Path | str, env: str | None = None) -> EnvResult:
                     cell.reasons.append(message)
             else:
                 cell.passed += 1
+    if versions.get("not_collected"):  # "parallel,regressions: reason" (tests/conftest.py)
+        names, _, reason = versions["not_collected"].partition(": ")
+        for name in names.split(","):
+            cells.setdefault(name, Cell(reasons=[f"not collected: {reason}"]))
     return EnvResult(env or path.stem, versions, dict(sorted(cells.items())), round(seconds, 1))
 
 

@@ -181,6 +181,9 @@ def compare_training(
     Raises:
         ValueError: ``batch_size``/``epochs`` not positive, or x and y differ in length.
     """
+    from harness.compat import check_model, require_keras3
+
+    require_keras3("harness.compare_training")
     import keras
 
     from harness.parallel import parallelize
@@ -195,6 +198,7 @@ def compare_training(
 
     keras.utils.set_random_seed(seed)
     single = build_model()
+    check_model(single, "harness.compare_training")
     template = build_model()
     template.set_weights(single.get_weights())
     if callable(method):  # a user's own parallel wrapper: (template, devices, ratios) -> compilable model

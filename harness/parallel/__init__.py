@@ -66,6 +66,10 @@ def parallelize(
         >>> parallel.compile(optimizer="sgd", loss="mse")
         >>> tuned = harness.parallelize(model, devices, ratios="auto")  # split tuned while training
     """
+    from harness.compat import check_model, require_keras3
+
+    require_keras3("harness.parallelize")  # TF <= 2.15: the keras package itself is Keras 2
+    check_model(model, "harness.parallelize")  # a tf_keras model under TF_USE_LEGACY_KERAS=1
     import keras
 
     from harness.devices import resolve_devices

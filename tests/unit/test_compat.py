@@ -1,0 +1,53 @@
+"""harness.compat: which Keras the environment and a model are, decided without TensorFlow."""
+
+import pytest
+
+from harness import compat
+
+
+@pytest.fixture
+def versions(monkeypatch):
+    table = {}
+    monkeypatch.setattr(compat, "_version", lambda name: table.get(name))
+    return table
+
+
+def test_keras_3_is_the_default(versions):
+    versions.update({"keras": "3.15.1"})
+    flavour = compat.keras_flavour({})
+    assert (flavour.major, flavour.package, flavour.version) == (3, "keras", "3.15.1")
+
+
+def test_tf_2_15_keras_package_is_keras_2_and_refused_by_name(versions):
+    versions.update({"keras": "2.15.0"})
+    assert compat.keras_flavour({}).major == 2
+    with pytest.raises(compat.Keras2NotSupported, match="harness.parallelize needs Keras 3; .*keras 2.15.0 is Keras 2"):
+        compat.require_keras3("harness.parallelize", {})
+
+
+def test_legacy_keras_is_keras_2_only_when_requested_and_installed(versions):
+    versions.update({"keras": "3.15.1", "tf-keras": "2.21.0"})
+    assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "1"}).major == 2
+    assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "0"}).major == 3
+    versions.pop("tf-keras")
+    assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "1"}).major == 3  # nothing to switch to
+    versions["tf-keras"] = "2.21.0"
+    # `import keras` is still Keras 3 there: the package check passes, models decide
+    assert compat.require_keras3("x", {"TF_USE_LEGACY_KERAS": "1"}).major == 2
+
+
+def _model_of(module: str):
+    cls = type("Sequential", (), {"__module__": module})
+    return cls()
+
+
+@pytest.mark.parametrize("module", ["tf_keras.src.engine.sequential", "keras.src.engine.sequential"])
+def test_keras_2_models_are_refused_with_their_class(module):
+    model = _model_of(module)
+    assert compat.is_keras2_model(model)
+    with pytest.raises(compat.Keras2NotSupported, match=f"got {module}.Sequential, a Keras 2 model"):
+        compat.check_model(model, "harness.parallelize")
+
+
+def test_keras_3_models_pass():
+    compat.check_model(_model_of("keras.src.models.sequential"), "harness.parallelize")
