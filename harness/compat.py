@@ -17,10 +17,11 @@ say so on Keras 2 instead of failing deep inside a step.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import metadata
 
-__all__ = ["KerasFlavour", "keras_flavour", "require_keras3", "Keras2NotSupported", "is_keras2_model",
+__all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "require_keras3", "Keras2NotSupported", "is_keras2_model",
            "check_model"]
 
 
@@ -43,27 +44,40 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _legacy_requested(environ) -> bool:
-    return environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+def _major_minor(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)(?:\.(\d+))?", version)
+    return (int(match[1]), int(match[2] or 0)) if match else (0, 0)
+
+
+def flavour_of(tf_version: str | None, keras_version: str | None, tf_keras_version: str | None,
+               legacy: str | None) -> str | None:
+    """``"keras3"``, ``"tf_keras"`` (Keras 2 as the tf-keras package) or ``"keras2"``: what ``tf.keras`` is."""
+    if tf_version is not None and _major_minor(tf_version) < (2, 16):
+        return "keras2"  # before TF 2.16, tf.keras is Keras 2 whatever else is installed
+    if tf_version is not None and legacy in ("1", "true", "True"):  # TensorFlow's own test of the variable
+        return "tf_keras"
+    if keras_version is not None:
+        return "keras3" if _major_minor(keras_version) >= (3, 0) else "keras2"
+    return "tf_keras" if tf_keras_version is not None else None
 
 
 def keras_flavour(environ=None) -> KerasFlavour:
-    """The Keras that ``tf.keras`` and user models are, from installed versions and the environment.
+    """The Keras that ``tf.keras`` is, from installed versions and the environment (no TF import).
 
     Args:
         environ: the environment to read (default ``os.environ``).
     """
     environ = os.environ if environ is None else environ
-    tf_keras = _version("tf-keras") or _version("tf_keras")
-    keras = _version("keras")
-    if _legacy_requested(environ) and tf_keras:
-        return KerasFlavour(2, "tf-keras", tf_keras, f"TF_USE_LEGACY_KERAS={environ['TF_USE_LEGACY_KERAS']} "
-                                                      f"with tf-keras {tf_keras} installed")
-    if keras and int(keras.split(".")[0]) < 3:
-        return KerasFlavour(2, "keras", keras, f"keras {keras} is Keras 2 (TensorFlow 2.15 and older)")
-    if keras:
-        return KerasFlavour(3, "keras", keras, f"keras {keras}")
-    return KerasFlavour(3, "keras", "", "no keras package installed")
+    tf = _version("tensorflow") or _version("tensorflow-cpu")
+    keras, tf_keras = _version("keras"), _version("tf-keras")
+    legacy = environ.get("TF_USE_LEGACY_KERAS")
+    flavour = flavour_of(tf, keras, tf_keras, legacy)
+    if flavour == "tf_keras":
+        return KerasFlavour(2, "tf-keras", tf_keras or "", f"TF_USE_LEGACY_KERAS={legacy} with TensorFlow {tf}: "
+                                                           f"tf.keras is tf-keras {tf_keras or '(not installed)'}")
+    if flavour == "keras2":
+        return KerasFlavour(2, "keras", keras or "", f"TensorFlow {tf} with keras {keras}: Keras 2")
+    return KerasFlavour(3, "keras", keras or "", f"keras {keras}" if keras else "no keras package installed")
 
 
 def require_keras3(feature: str, environ=None) -> KerasFlavour:
@@ -74,7 +88,7 @@ def require_keras3(feature: str, environ=None) -> KerasFlavour:
     """
     flavour = keras_flavour(environ)
     keras = _version("keras")
-    if keras and int(keras.split(".")[0]) < 3:
+    if keras and _major_minor(keras) < (3, 0):
         raise Keras2NotSupported(
             f"{feature} needs Keras 3; this environment's models are Keras 2 ({flavour.why}). "
             "Keras 2 support for the parallel core is not built yet: use TensorFlow >= 2.16 with Keras 3 "

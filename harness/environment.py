@@ -19,6 +19,7 @@ from typing import Any
 
 import harness
 from harness import nvml
+from harness.compat import flavour_of
 
 __all__ = ["fingerprint", "format_fingerprint"]
 
@@ -137,23 +138,11 @@ def _jsonable(value: Any) -> Any:
 def _keras(tf_version: str | None, notes: list[str]) -> dict[str, Any]:
     keras_version, tf_keras_version = _version("keras"), _version("tf-keras")
     legacy = os.environ.get("TF_USE_LEGACY_KERAS")
-    flavour = _keras_flavour(tf_version, keras_version, tf_keras_version, legacy)
+    flavour = flavour_of(tf_version, keras_version, tf_keras_version, legacy)
     if flavour == "tf_keras" and tf_keras_version is None:
         notes.append(f"TF_USE_LEGACY_KERAS={legacy!r} asks for tf_keras, which is not installed")
     return {"version": tf_keras_version if flavour == "tf_keras" else keras_version,
             "keras_package": keras_version, "tf_keras_package": tf_keras_version, "flavour": flavour}
-
-
-def _keras_flavour(tf_version: str | None, keras_version: str | None, tf_keras_version: str | None,
-                   legacy: str | None) -> str | None:
-    """``"keras3"``, ``"tf_keras"`` (Keras 2 as the tf-keras package) or ``"keras2"``: what ``tf.keras`` is."""
-    if tf_version is not None and _major_minor(tf_version) < (2, 16):
-        return "keras2"  # before TF 2.16, tf.keras is Keras 2 whatever else is installed
-    if tf_version is not None and legacy in ("1", "true", "True"):  # TensorFlow's own test of the variable
-        return "tf_keras"
-    if keras_version is not None:
-        return "keras3" if _major_minor(keras_version) >= (3, 0) else "keras2"
-    return "tf_keras" if tf_keras_version is not None else None
 
 
 def _major_minor(version: str) -> tuple[int, int]:

@@ -13,24 +13,25 @@ def versions(monkeypatch):
 
 
 def test_keras_3_is_the_default(versions):
-    versions.update({"keras": "3.15.1"})
+    versions.update({"keras": "3.15.1", "tensorflow": "2.21.0"})
     flavour = compat.keras_flavour({})
     assert (flavour.major, flavour.package, flavour.version) == (3, "keras", "3.15.1")
 
 
 def test_tf_2_15_keras_package_is_keras_2_and_refused_by_name(versions):
-    versions.update({"keras": "2.15.0"})
+    versions.update({"keras": "2.15.0", "tensorflow-cpu": "2.15.1"})
     assert compat.keras_flavour({}).major == 2
-    with pytest.raises(compat.Keras2NotSupported, match="harness.parallelize needs Keras 3; .*keras 2.15.0 is Keras 2"):
+    with pytest.raises(compat.Keras2NotSupported, match="parallelize needs Keras 3; .*2.15.1 with keras 2.15.0"):
         compat.require_keras3("harness.parallelize", {})
 
 
 def test_legacy_keras_is_keras_2_only_when_requested_and_installed(versions):
-    versions.update({"keras": "3.15.1", "tf-keras": "2.21.0"})
+    versions.update({"keras": "3.15.1", "tf-keras": "2.21.0", "tensorflow": "2.21.0"})
     assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "1"}).major == 2
     assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "0"}).major == 3
     versions.pop("tf-keras")
-    assert compat.keras_flavour({"TF_USE_LEGACY_KERAS": "1"}).major == 3  # nothing to switch to
+    missing = compat.keras_flavour({"TF_USE_LEGACY_KERAS": "1"})  # TF switches anyway and then fails to import
+    assert missing.major == 2 and "tf-keras (not installed)" in missing.why
     versions["tf-keras"] = "2.21.0"
     # `import keras` is still Keras 3 there: the package check passes, models decide
     assert compat.require_keras3("x", {"TF_USE_LEGACY_KERAS": "1"}).major == 2
