@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,15 +65,18 @@ class Engine:
         tail: list[str] = []
         with subprocess.Popen([docker_client(), *args], env=self.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
-            deadline = time.monotonic() + timeout
-            for line in proc.stdout:  # type: ignore[union-attr]
-                log(line.rstrip())
-                tail = (tail + [line.rstrip()])[-40:]
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    tail.append(f"(killed after {timeout:.0f} s)")
-                    break
-            return proc.wait(), tail
+            timer = threading.Timer(timeout, proc.kill)  # also when the command goes silent
+            timer.start()
+            try:
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    log(line.rstrip())
+                    tail = (tail + [line.rstrip()])[-40:]
+                code = proc.wait()
+            finally:
+                timer.cancel()
+            if code < 0:
+                tail.append(f"(killed after {timeout:.0f} s)")
+            return code, tail
 
     def stop(self) -> None:
         """Stops an engine this process started and deletes its data root; leaves others alone."""

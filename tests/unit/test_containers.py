@@ -108,3 +108,13 @@ def test_harness_docker_rejects_an_unknown_entry(capsys):
     assert main(["docker", "build", "--entry", "tf999"]) == 2
     err = capsys.readouterr().err
     assert "--entry must be one of" in err and "got 'tf999'" in err
+
+
+def test_a_silent_command_is_killed_at_its_timeout(tmp_path, monkeypatch, fresh_client):
+    slow = tmp_path / "docker"
+    slow.write_text("#!/bin/sh\necho building\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("HARNESS_DOCKER", str(slow))
+    lines = []
+    code, tail = containers.Engine().stream(["build", "."], lines.append, timeout=1)
+    assert code != 0 and lines == ["building"] and tail[-1] == "(killed after 1 s)"
