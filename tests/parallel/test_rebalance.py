@@ -58,7 +58,9 @@ def test_rebalance_recovers_the_throttled_throughput(method):
     run = _throttled(method, 5)
     assert run["status"] == "complete"
     assert min(run["sps"][-2:]) >= 0.9 * (1000 + 400)  # without rebalancing: 800 (the test above)
-    assert run["batches"][-1] == [286, 114]  # 400 in proportion to 1000:400; the global batch is the same
+    # 400 in proportion to 1000:400 is 286/114; the split follows *measured* rates, which a loaded
+    # machine moves by a percent or two (one tox matrix run here gave 285/115)
+    assert abs(run["batches"][-1][0] - 286) <= 4, run["batches"][-1]
     assert all(sum(b) == 400 for b in run["batches"])
     resplits = [e for e in run["rebalance"] if e["resplit"]]
     assert resplits and resplits[0]["step"] > 7  # measured after the throttle, not before
