@@ -9,9 +9,9 @@ Three setups share one TensorFlow API and differ in Keras:
   Keras 2 (``tf_keras``) even though ``import keras`` still gives Keras 3; the
   user's models are then Keras 2 models.
 
-Every Keras 2 / Keras 3 difference harness knows of is decided here. The
-parallel core (``harness.parallel``) and ``compare_training`` need Keras 3 and
-say so on Keras 2 instead of failing deep inside a step.
+Which Keras a model and the environment are is decided here; the Keras 2 step
+itself lives in ``harness.parallel.keras2`` (towers; what is not built for
+Keras 2 yet is refused with ``Keras2NotSupported``, naming it).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 
-__all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "require_keras3", "Keras2NotSupported", "is_keras2_model",
-           "check_model"]
+__all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model", "keras2_module",
+           "keras_module_of", "set_random_seed"]
 
 
 class Keras2NotSupported(RuntimeError):
@@ -80,23 +80,6 @@ def keras_flavour(environ=None) -> KerasFlavour:
     return KerasFlavour(3, "keras", keras or "", f"keras {keras}" if keras else "no keras package installed")
 
 
-def require_keras3(feature: str, environ=None) -> KerasFlavour:
-    """Raises ``Keras2NotSupported`` naming ``feature`` when the ``keras`` package is Keras 2 (TF <= 2.15).
-
-    Returns:
-        The environment's flavour (Keras 2 under ``TF_USE_LEGACY_KERAS=1``, where ``keras`` is still Keras 3).
-    """
-    flavour = keras_flavour(environ)
-    keras = _version("keras")
-    if keras and _major_minor(keras) < (3, 0):
-        raise Keras2NotSupported(
-            f"{feature} needs Keras 3; this environment's models are Keras 2 ({flavour.why}). "
-            "Keras 2 support for the parallel core is not built yet: use TensorFlow >= 2.16 with Keras 3 "
-            "(unset TF_USE_LEGACY_KERAS)"
-        )
-    return flavour
-
-
 _KERAS2_MODULES = ("tf_keras", "keras.engine", "keras.src.engine")  # tf-keras; Keras 2.13-2.15's own package
 
 
@@ -105,15 +88,43 @@ def is_keras2_model(model) -> bool:
     return any(cls.__module__.startswith(_KERAS2_MODULES) for cls in type(model).__mro__)
 
 
-def check_model(model, feature: str) -> None:
-    """Raises ``Keras2NotSupported`` for a Keras 2 model (a clear error, not a TypeError deep inside).
+def keras2_module():
+    """The Keras 2 module user models come from: ``tf_keras`` (legacy) or TF <= 2.15's ``keras``."""
+    flavour = keras_flavour()
+    if flavour.package == "tf-keras":
+        import tf_keras
 
-    In a ``TF_USE_LEGACY_KERAS=1`` environment, ``import keras`` still gives
-    Keras 3: models built from it are fine; ``tf.keras`` / ``tf_keras`` models are not.
-    """
+        return tf_keras
+    import keras
+
+    if _major_minor(getattr(keras, "__version__", "3")) >= (3, 0):
+        import tf_keras  # a Keras 2 model in a Keras 3 environment: it came from tf-keras
+
+        return tf_keras
+    return keras
+
+
+def keras_module_of(model):
+    """The Keras module ``model`` belongs to (``keras`` 3, ``tf_keras`` or Keras 2 ``keras``)."""
     if is_keras2_model(model):
-        raise Keras2NotSupported(
-            f"{feature} needs a Keras 3 model; got {type(model).__module__}.{type(model).__name__}, a Keras 2 "
-            f"model ({keras_flavour().why}). Build it with `import keras` (Keras 3) instead of tf.keras/tf_keras; "
-            "Keras 2 support for the parallel core is not built yet"
-        )
+        return keras2_module() if not type(model).__module__.startswith("tf_keras") else __import__("tf_keras")
+    import keras
+
+    return keras
+
+
+def set_random_seed(seed: int) -> None:
+    """Seeds Python, NumPy, TensorFlow and, where installed, Keras 3 (Keras 2 initialisers use TF's seed)."""
+    import random
+
+    import numpy as np
+    import tensorflow as tf
+
+    random.seed(seed)
+    np.random.seed(seed)
+    tf.random.set_seed(seed)
+    keras = _version("keras")
+    if keras and _major_minor(keras) >= (3, 0):
+        import keras as keras3
+
+        keras3.utils.set_random_seed(seed)

@@ -95,7 +95,8 @@ def read_junit(path: Path | str, env: str | None = None) -> EnvResult:
     if versions.get("not_collected"):  # "parallel,regressions: reason" (tests/conftest.py)
         names, _, reason = versions["not_collected"].partition(": ")
         for name in names.split(","):
-            cells.setdefault(name, Cell(reasons=[f"not collected: {reason}"]))
+            cell = cells.setdefault(name, Cell())
+            cell.reasons.append(f"{'partly ' if cell.passed or cell.failed else ''}not collected: {reason}")
     return EnvResult(env or path.stem, versions, dict(sorted(cells.items())), round(seconds, 1))
 
 

@@ -108,9 +108,8 @@ def _length(data) -> int:
     return len(tree.flatten(data)[0])
 
 
-def _fresh_optimizer(optimizer):
-    import keras
-
+def _fresh_optimizer(optimizer, keras):
+    """A new optimizer of the models' Keras (``keras`` 3 or a Keras 2 module)."""
     if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
         return optimizer()
     if isinstance(optimizer, keras.optimizers.Optimizer):
@@ -118,9 +117,8 @@ def _fresh_optimizer(optimizer):
     return keras.optimizers.get(optimizer)
 
 
-def _fresh_metrics(metrics):
+def _fresh_metrics(metrics, keras):
     """Metric objects copied per model: one instance compiled into two models shares its state."""
-    import keras
 
     def fresh(metric):
         if isinstance(metric, keras.metrics.Metric):
@@ -128,10 +126,17 @@ def _fresh_metrics(metrics):
         return metric
 
     if isinstance(metrics, dict):
-        return {k: _fresh_metrics(v) for k, v in metrics.items()}
+        return {k: _fresh_metrics(v, keras) for k, v in metrics.items()}
     if isinstance(metrics, (list, tuple)):
-        return [fresh(m) if not isinstance(m, (list, tuple, dict)) else _fresh_metrics(m) for m in metrics]
+        return [fresh(m) if not isinstance(m, (list, tuple, dict)) else _fresh_metrics(m, keras) for m in metrics]
     return fresh(metrics)
+
+
+def _jit_argument(jit_compile, keras) -> dict:
+    # Keras 2 spells "let Keras decide" as None; Keras 3 as "auto".
+    if jit_compile == "auto" and not hasattr(keras, "ops"):
+        return {"jit_compile": None}
+    return {"jit_compile": jit_compile}
 
 
 def compare_training(
@@ -181,11 +186,7 @@ def compare_training(
     Raises:
         ValueError: ``batch_size``/``epochs`` not positive, or x and y differ in length.
     """
-    from harness.compat import check_model, require_keras3
-
-    require_keras3("harness.compare_training")
-    import keras
-
+    from harness.compat import keras_module_of, set_random_seed
     from harness.parallel import parallelize
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
@@ -196,9 +197,9 @@ def compare_training(
     if y is not None and _length(y) != n:
         raise ValueError(f"x and y must have the same number of samples; got len(x)={n}, len(y)={_length(y)}")
 
-    keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     single = build_model()
-    check_model(single, "harness.compare_training")
+    keras = keras_module_of(single)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
     template = build_model()
     template.set_weights(single.get_weights())
     if callable(method):  # a user's own parallel wrapper: (template, devices, ratios) -> compilable model
@@ -213,8 +214,8 @@ def compare_training(
     )
     histories = []
     for model, extra in ((single, None), (parallel, callbacks)):
-        model.compile(optimizer=_fresh_optimizer(optimizer), loss=loss, metrics=_fresh_metrics(metrics),
-                      jit_compile=jit_compile)
+        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=loss,
+                      metrics=_fresh_metrics(metrics, keras), **_jit_argument(jit_compile, keras))
         histories.append(model.fit(x, y, callbacks=extra, **fit_args).history)
 
     diffs = _diff_variables(single.weights, template.weights, "")
@@ -244,7 +245,11 @@ def _diff_variables(reference, other, prefix: str) -> list[WeightDiff]:
     for ref, var in zip(reference, other):
         a, b = np.asarray(ref), np.asarray(var)
         if a.shape != b.shape:
-            raise AssertionError(f"{prefix}{ref.path}: shape {a.shape} (single) vs {b.shape} (parallel)")
+            raise AssertionError(f"{prefix}{_variable_name(ref)}: shape {a.shape} (single) vs {b.shape} (parallel)")
         diff, scale = relative_deviation(a, b)
-        diffs.append(WeightDiff(prefix + ref.path, tuple(a.shape), diff, scale))
+        diffs.append(WeightDiff(prefix + _variable_name(ref), tuple(a.shape), diff, scale))
     return diffs
+
+
+def _variable_name(variable) -> str:
+    return getattr(variable, "path", None) or variable.name  # Keras 3 variables have a path, tf.Variables a name

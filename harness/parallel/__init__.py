@@ -66,18 +66,17 @@ def parallelize(
         >>> parallel.compile(optimizer="sgd", loss="mse")
         >>> tuned = harness.parallelize(model, devices, ratios="auto")  # split tuned while training
     """
-    from harness.compat import check_model, require_keras3
-
-    require_keras3("harness.parallelize")  # TF <= 2.15: the keras package itself is Keras 2
-    check_model(model, "harness.parallelize")  # a tf_keras model under TF_USE_LEGACY_KERAS=1
-    import keras
-
+    from harness.compat import is_keras2_model
     from harness.devices import resolve_devices
 
     if method not in _METHODS:
         raise ValueError(f"method must be one of {list(_METHODS)}; got method={method!r}")
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"model must be a keras.Model; got {type(model).__name__}")
+    keras2 = is_keras2_model(model)  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
+    if not keras2:
+        import keras
+
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model must be a keras.Model; got {type(model).__name__}")
     if not model.built:
         raise ValueError(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
@@ -86,6 +85,11 @@ def parallelize(
     auto = _is_auto(ratios)
     ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
     merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
+    if keras2:
+        from harness.parallel.keras2 import build_towers
+
+        return build_towers(model, names, ratios, merge, method=method, sync_batchnorm=sync_batchnorm,
+                            emulate=emulate, auto=auto)
     if method == "towers":
         from harness.parallel.towers import TowersModel as cls
     else:

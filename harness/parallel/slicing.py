@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tensorflow as tf
-from keras import tree
 
 from harness.split import shares
 
@@ -19,7 +18,7 @@ __all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures
 
 def batch_size_of(x) -> tf.Tensor:
     """The dynamic batch size (int32 scalar) of the first tensor in ``x``."""
-    first = next(t for t in tree.flatten(x) if t is not None)
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
     return tf.shape(first, out_type=tf.int32)[0]
 
 
@@ -68,8 +67,8 @@ def split_structure(x, sizes: tf.Tensor, count: int) -> list:
     """Splits every tensor of a nested structure along axis 0 into ``count`` parts."""
     if x is None:
         return [None] * count
-    parts = [tf.split(t, sizes, num=count, axis=0) if t is not None else [None] * count for t in tree.flatten(x)]
-    return [tree.pack_sequence_as(x, [p[i] for p in parts]) for i in range(count)]
+    parts = [tf.split(t, sizes, num=count, axis=0) if t is not None else [None] * count for t in tf.nest.flatten(x)]
+    return [tf.nest.pack_sequence_as(x, [p[i] for p in parts]) for i in range(count)]
 
 
 def restore_static_shape(t: tf.Tensor) -> tf.Tensor:
@@ -86,6 +85,6 @@ def restore_static_shape(t: tf.Tensor) -> tf.Tensor:
 
 def concat_structures(parts: list):
     """Concatenates a list of equally nested structures along axis 0."""
-    flat = [tree.flatten(p) for p in parts]
+    flat = [tf.nest.flatten(p) for p in parts]
     joined = [tf.concat([restore_static_shape(t) for t in ts], axis=0) for ts in zip(*flat)]
-    return tree.pack_sequence_as(parts[0], joined)
+    return tf.nest.pack_sequence_as(parts[0], joined)
