@@ -103,9 +103,9 @@ def relative_deviation(reference: np.ndarray, other: np.ndarray) -> tuple[float,
 
 
 def _length(data) -> int:
-    from keras import tree
+    import tensorflow as tf  # tf.nest: the same on Keras 2 and 3
 
-    return len(tree.flatten(data)[0])
+    return len(tf.nest.flatten(data)[0])
 
 
 def _fresh_optimizer(optimizer, keras):
