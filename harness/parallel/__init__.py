@@ -28,7 +28,10 @@ def parallelize(
     weights after ``fit``, and saving writes it as a plain Keras model.
 
     Args:
-        model: a built ``keras.Model`` (Functional, Sequential or subclassed).
+        model: a built ``keras.Model`` (Functional, Sequential or subclassed). A
+            Keras 2 model (``tf_keras``, or TF <= 2.15's ``keras``) gets the
+            towers of ``harness.parallel.keras2``; what is not built for Keras 2
+            yet raises ``harness.compat.Keras2NotSupported``.
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU).
         ratios: one positive number per device; ``None`` splits evenly.
@@ -57,6 +60,7 @@ def parallelize(
     Raises:
         TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
         ValueError: unbuilt model, unknown method or devices, invalid ratios.
+        Keras2NotSupported: a Keras 2 model with a feature not built for Keras 2 yet (names it).
 
     Example:
         >>> import harness, keras
