@@ -109,10 +109,12 @@ def _versions_text(result: EnvResult) -> str:
 
 def markdown_table(results: list[EnvResult]) -> str:
     """The table: one row per env (with its versions and seconds), one column per suite; notes below."""
-    suites = sorted({s for r in results for s in r.cells})
+    # a folder no env ran a test of (e.g. only named as not collected) gets no column
+    suites = sorted({s for r in results for s, c in r.cells.items() if c.passed or c.failed or c.skipped or c.xfailed})
     lines = ["| env | versions | " + " | ".join(suites) + " | time |",
              "|---|---|" + "---|" * len(suites) + "---|"]
-    notes = []
+    notes: list[str] = []
+    where: dict[str, list[str]] = {}
     for r in results:
         if r.error:
             lines.append(f"| {r.env} | - | " + " | ".join(["**error**"] * len(suites)) + " | - |")
@@ -120,9 +122,11 @@ def markdown_table(results: list[EnvResult]) -> str:
             continue
         row = [r.cells[s].text() if s in r.cells else "-" for s in suites]
         lines.append(f"| {r.env} | {_versions_text(r)} | " + " | ".join(row) + f" | {r.seconds:.0f} s |")
-        for s in suites:
-            notes += [f"- {r.env} / {s}: {reason}" for reason in (r.cells[s].reasons if s in r.cells else [])]
-    totals = Counter(r.cells[s].state for r in results for s in r.cells)
+        for s, cell in r.cells.items():
+            for reason in cell.reasons:
+                where.setdefault(reason, []).append(f"{r.env}/{s}")
+    notes += [f"- {reason} ({', '.join(places)})" for reason, places in where.items()]
+    totals = Counter(r.cells[s].state for r in results for s in suites if s in r.cells)
     totals["error"] = sum(1 for r in results if r.error)
     summary = ", ".join(f"{totals[state]} {state}" for state in (*STATES, "error") if totals[state])
     text = "\n".join(lines) + f"\n\n{len(results)} env(s) x {len(suites)} suite(s): {summary}.\n"

@@ -54,7 +54,7 @@ def test_markdown_shows_versions_states_and_reasons(junit):
     assert "| tf221 | TF 2.21.0, Keras 3.15.1, Python 3.11.7 |" in table
     assert "| legacy | TF 2.21.0, tf-keras 2.21.0, Python 3.11.7 |" in table
     assert "**fail** (0 passed, 1 failed, 1 xfailed)" in table
-    assert "- tf221 / regressions: XLA: resource on another device (TF 2.21)" in table
+    assert "- XLA: resource on another device (TF 2.21) (tf221/regressions, legacy/regressions)" in table
     assert "2 env(s) x 3 suite(s): 2 pass, 2 fail, 2 skip." in table
 
 

@@ -64,8 +64,7 @@ def test_fingerprint_is_json_and_complete(monkeypatch):
 def test_git_commit_of_this_checkout():
     checkout = Path(__file__).resolve().parents[2]
     if Path(harness.__file__).resolve().parent != checkout / "harness":  # tox installs into .tox/ of the checkout
-        pytest.skip(f"harness is imported from {Path(harness.__file__).parent} (an install, e.g. tox), "
-                    "not from this checkout")
+        pytest.skip("harness is imported from an install (e.g. tox's), not from this checkout")
     fp = fingerprint(import_tf=False)
     assert re.fullmatch(r"[0-9a-f]{40}", fp["harness"]["git_commit"] or ""), fp["harness"]
     assert isinstance(fp["harness"]["git_dirty"], bool)
