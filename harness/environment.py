@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import re
 import subprocess
 import sys
 import warnings
@@ -143,11 +142,6 @@ def _keras(tf_version: str | None, notes: list[str]) -> dict[str, Any]:
         notes.append(f"TF_USE_LEGACY_KERAS={legacy!r} asks for tf_keras, which is not installed")
     return {"version": tf_keras_version if flavour == "tf_keras" else keras_version,
             "keras_package": keras_version, "tf_keras_package": tf_keras_version, "flavour": flavour}
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)(?:\.(\d+))?", version)
-    return (int(match[1]), int(match[2] or 0)) if match else (0, 0)
 
 
 def _nvidia(notes: list[str]) -> dict[str, Any]:

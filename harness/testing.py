@@ -119,16 +119,21 @@ def junit_versions() -> dict[str, str]:
     return versions
 
 
-def pytest_sessionstart(session):
-    # `pytest --junitxml` files carry the versions as global properties (harness.compat_report reads them)
+def add_junit_property(config, name: str, value: str) -> None:
+    """A global property of the ``--junitxml`` file, if one is written (``harness.compat_report`` reads them)."""
     try:
         from _pytest.junitxml import xml_key  # pytest >= 7: LogXML lives in the config's stash
-        xml = session.config.stash.get(xml_key, None)
+
+        xml = config.stash.get(xml_key, None)
     except ImportError:
-        xml = getattr(session.config, "_xml", None)
+        xml = getattr(config, "_xml", None)
     if xml is not None:
-        for key, value in junit_versions().items():
-            xml.add_global_property(key, value)
+        xml.add_global_property(name, value)
+
+
+def pytest_sessionstart(session):
+    for key, value in junit_versions().items():  # the versions a compatibility table needs
+        add_junit_property(session.config, key, value)
 
 
 def pytest_collection_modifyitems(config, items):

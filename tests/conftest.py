@@ -9,6 +9,7 @@ for Keras 3 models cannot run, so of the folders that train models only the Kera
 from pathlib import Path
 
 from harness.compat import keras_flavour
+from harness.testing import add_junit_property
 
 _FLAVOUR = keras_flavour()
 _KERAS_PACKAGE_IS_2 = _FLAVOUR.package == "keras" and _FLAVOUR.major == 2
@@ -28,13 +29,5 @@ def pytest_report_header(config):
 
 
 def pytest_sessionstart(session):
-    if not _KERAS_PACKAGE_IS_2:
-        return
-    try:
-        from _pytest.junitxml import xml_key
-
-        xml = session.config.stash.get(xml_key, None)
-    except ImportError:
-        xml = None
-    if xml is not None:
-        xml.add_global_property("not_collected", f"{','.join(NOT_COLLECTED)}: {REASON}")
+    if _KERAS_PACKAGE_IS_2:
+        add_junit_property(session.config, "not_collected", f"{','.join(NOT_COLLECTED)}: {REASON}")

@@ -19,9 +19,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
+
+from harness import containers
+from harness.matrix import build_args, default_path, image_tag, load_matrix, newest
 
 __all__ = ["add_parser", "run"]
 
@@ -60,9 +64,6 @@ def _say(line: str) -> None:
 
 
 def run(args) -> int:
-    from harness import containers
-    from harness.matrix import build_args, default_path, image_tag, load_matrix, newest
-
     entries = load_matrix()
     by_name = {e.name: e for e in entries}
     entry = newest(entries) if args.entry is None else by_name.get(args.entry)
@@ -78,13 +79,27 @@ def run(args) -> int:
     report: dict = {"entry": entry.name, "variant": args.variant, "tag": tag, "offline": args.offline,
                     "tensorflow": entry.tensorflow, "keras": entry.keras, "python": entry.python}
     wall = time.perf_counter()
+    # SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so the finally below stops a
+    # private engine and removes the image instead of leaving them behind.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(args, entry, tag, repo, work, report, wall)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _run(args, entry, tag, repo, work, report, wall) -> int:
     engine = containers.find_engine()
     if engine is None:
         _say("no engine answers; starting a private one")
         engine = containers.start_engine(work / "engine", _log)
     report["engine_started"] = engine.started
     try:
-        _build_and_check(args, containers, engine, entry, tag, repo, work, report, build_args)
+        _build_and_check(args, engine, entry, tag, repo, work, report)
     finally:
         if not args.keep_image:
             engine.docker("image", "rm", "--force", tag, check=False, timeout=300)
@@ -99,7 +114,7 @@ def run(args) -> int:
     return 0 if report.get("tests_rc", 0) == 0 else 1
 
 
-def _build_and_check(args, containers, engine, entry, tag, repo, work, report, build_args) -> None:
+def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
     context = work / f"context-{entry.name}-{args.variant}"
     context.mkdir(parents=True, exist_ok=True)
     shutil.copy(repo / "docker" / "Dockerfile", context / "Dockerfile")

@@ -11,6 +11,14 @@ __all__ = ["parallelize", "multi_gpu_model"]
 _METHODS = ("towers", "mirrored")
 
 
+
+class Untracked:
+    """Holds a value without Keras tracking it (its weights or variables stay out of the model's)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 def parallelize(
     model,
     devices: int | Sequence[str | int],

@@ -15,7 +15,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
-from harness.parallel import slicing
+from harness.parallel import Untracked, slicing
 from harness.split import shares, validate_ratios
 
 __all__ = ["Method", "ParallelModel"]
@@ -28,13 +28,6 @@ class Method(str, Enum):
     MIRRORED = "mirrored"
 
 
-class _Untracked:
-    """Holds a layer without Keras tracking it (its weights stay out of ours)."""
-
-    def __init__(self, value):
-        self.value = value
-
-
 class ParallelModel(keras.Model):
     """Base of the towers and mirrored models; not built directly."""
 
@@ -43,9 +36,9 @@ class ParallelModel(keras.Model):
     def __init__(self, template: keras.Model, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
                  merge_device: str, emulator=None):
         super().__init__(name=f"{self.method.value}_{template.name}")
-        self._template_ref = _Untracked(template)
-        self._emulator_ref = _Untracked(emulator)
-        self._rebalancer_ref = _Untracked(None)
+        self._template_ref = Untracked(template)
+        self._emulator_ref = Untracked(emulator)
+        self._rebalancer_ref = Untracked(None)
         self.devices = tuple(devices)
         self.ratios = validate_ratios(ratios, len(self.devices))
         self.sync_batchnorm = bool(sync_batchnorm)
@@ -56,7 +49,7 @@ class ParallelModel(keras.Model):
         # it is no weight of the model (saving and get_weights never see it).
         with tf.init_scope(), tf.device(self.input_device):
             shares_var = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
-        self._shares_ref = _Untracked(shares_var)
+        self._shares_ref = Untracked(shares_var)
 
     # -- the wrapped models -------------------------------------------------
     @property

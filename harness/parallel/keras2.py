@@ -17,17 +17,10 @@ from __future__ import annotations
 import tensorflow as tf
 
 from harness.compat import Keras2NotSupported, keras_module_of
-from harness.parallel import slicing
+from harness.parallel import Untracked, slicing
 from harness.split import shares, validate_ratios
 
 __all__ = ["build_towers", "unsupported_layers"]
-
-
-class _Untracked:
-    """Holds a value without Keras tracking it (the split variable is no weight of the model)."""
-
-    def __init__(self, value):
-        self.value = value
 
 
 def unsupported_layers(template) -> list[str]:
@@ -62,7 +55,7 @@ def _towers_class(k):
             self.merge_device = merge_device
             with tf.init_scope(), tf.device("/device:CPU:0"):
                 split = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
-            self._shares_ref = _Untracked(split)
+            self._shares_ref = Untracked(split)
 
         def call(self, inputs, training=None):
             return self.template(inputs, training=training)

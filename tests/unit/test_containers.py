@@ -118,3 +118,33 @@ def test_a_silent_command_is_killed_at_its_timeout(tmp_path, monkeypatch, fresh_
     lines = []
     code, tail = containers.Engine().stream(["build", "."], lines.append, timeout=1)
     assert code != 0 and lines == ["building"] and tail[-1] == "(killed after 1 s)"
+
+
+def test_sigterm_still_removes_the_image_and_stops_a_private_engine(monkeypatch, tmp_path):
+    # A cancelled CI job sends SIGTERM: without the handler Python dies without running `finally`,
+    # leaving a private dockerd and its mounted data root behind (seen here once).
+    import signal
+
+    from harness.cli import docker as docker_cli
+
+    calls = []
+
+    class FakeEngine:
+        started, host = True, "unix:///tmp/fake.sock"
+
+        def docker(self, *args, **kwargs):
+            calls.append(("docker", *args[:2]))
+
+        def stop(self):
+            calls.append(("stop",))
+
+    def build_then_get_killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(containers, "find_engine", FakeEngine)
+    monkeypatch.setattr(docker_cli, "_build_and_check", build_then_get_killed)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        main(["docker", "build", "--work-dir", str(tmp_path)])
+    assert ("docker", "image", "rm") in calls and calls[-1] == ("stop",)
+    assert signal.getsignal(signal.SIGTERM) is before
