@@ -81,24 +81,24 @@ def test_no_client_means_no_engine_and_a_clear_refusal_to_start_one(tmp_path, mo
         containers.start_engine(tmp_path / "engine")
 
 
-def test_starting_a_private_engine_needs_root(tmp_path, monkeypatch, fresh_client):
+def _fake_tools(tmp_path, monkeypatch, dockerd_body: str, uid: int):
+    """A fake Debian docker client and a dockerd running ``dockerd_body`` on PATH; ``uid`` as geteuid."""
     _fake_docker(tmp_path / "bin", "20.10.24", buildx=False)
     dockerd = tmp_path / "bin" / "dockerd"
-    dockerd.write_text("#!/bin/sh\nexit 1\n")
+    dockerd.write_text(f"#!/bin/sh\n{dockerd_body}\n")
     dockerd.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
+
+
+def test_starting_a_private_engine_needs_root(tmp_path, monkeypatch, fresh_client):
+    _fake_tools(tmp_path, monkeypatch, "exit 1", uid=1000)
     with pytest.raises(RuntimeError, match="needs root; start one yourself and set DOCKER_HOST"):
         containers.start_engine(tmp_path / "engine")
 
 
 def test_a_private_engine_that_dies_is_reported_with_its_log(tmp_path, monkeypatch, fresh_client):
-    _fake_docker(tmp_path / "bin", "20.10.24", buildx=False)
-    dockerd = tmp_path / "bin" / "dockerd"
-    dockerd.write_text("#!/bin/sh\necho 'failed to mount overlay: permission denied'\nexit 1\n")
-    dockerd.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    _fake_tools(tmp_path, monkeypatch, "echo 'failed to mount overlay: permission denied'\nexit 1", uid=0)
     with pytest.raises(RuntimeError, match="did not answer .*\n.*failed to mount overlay"):
         containers.start_engine(tmp_path / "engine", timeout=10)
     assert not (tmp_path / "engine").exists()  # what it started is cleaned up
