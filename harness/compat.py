@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 
-__all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model", "keras2_module",
+__all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
            "keras_module_of", "set_random_seed"]
 
 
@@ -88,29 +88,11 @@ def is_keras2_model(model) -> bool:
     return any(cls.__module__.startswith(_KERAS2_MODULES) for cls in type(model).__mro__)
 
 
-def keras2_module():
-    """The Keras 2 module user models come from: ``tf_keras`` (legacy) or TF <= 2.15's ``keras``."""
-    flavour = keras_flavour()
-    if flavour.package == "tf-keras":
-        import tf_keras
-
-        return tf_keras
-    import keras
-
-    if _major_minor(getattr(keras, "__version__", "3")) >= (3, 0):
-        import tf_keras  # a Keras 2 model in a Keras 3 environment: it came from tf-keras
-
-        return tf_keras
-    return keras
-
-
 def keras_module_of(model):
-    """The Keras module ``model`` belongs to (``keras`` 3, ``tf_keras`` or Keras 2 ``keras``)."""
-    if is_keras2_model(model):
-        return keras2_module() if not type(model).__module__.startswith("tf_keras") else __import__("tf_keras")
-    import keras
+    """The Keras module ``model`` belongs to: ``tf_keras``, or ``keras`` (Keras 3, or Keras 2 on TF <= 2.15)."""
+    import importlib
 
-    return keras
+    return importlib.import_module("tf_keras" if type(model).__module__.startswith("tf_keras") else "keras")
 
 
 def set_random_seed(seed: int) -> None:
