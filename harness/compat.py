@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 __all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
-           "keras_module_of", "set_random_seed"]
+           "keras_module_of", "keras_module_name", "set_random_seed"]
 
 
 class Keras2NotSupported(RuntimeError):
@@ -92,7 +92,12 @@ def keras_module_of(model):
     """The Keras module ``model`` belongs to: ``tf_keras``, or ``keras`` (Keras 3, or Keras 2 on TF <= 2.15)."""
     import importlib
 
-    return importlib.import_module("tf_keras" if type(model).__module__.startswith("tf_keras") else "keras")
+    return importlib.import_module(keras_module_name(model))
+
+
+def keras_module_name(model) -> str:
+    """``"tf_keras"`` or ``"keras"``: the name of ``keras_module_of(model)``, from its classes, without imports."""
+    return "tf_keras" if any(cls.__module__.startswith("tf_keras") for cls in type(model).__mro__) else "keras"
 
 
 def set_random_seed(seed: int) -> None:

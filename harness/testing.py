@@ -161,3 +161,21 @@ def logical_devices(request) -> list[str]:
     from harness.devices import use_logical_devices
 
     return use_logical_devices(request.config.getoption("--logical-devices"))
+
+
+@pytest.fixture(scope="session")
+def keras2():
+    """The environment's Keras 2 module: ``keras`` where it is Keras 2 (TF <= 2.15), else ``tf_keras``.
+
+    Skips the test, saying why, where neither is installed; models built with
+    it are Keras 2 models, which ``harness.parallelize`` trains as such.
+    """
+    from harness.compat import keras_flavour
+
+    flavour = keras_flavour()
+    if flavour.major == 2 and flavour.package == "keras":
+        import keras
+
+        return keras
+    return pytest.importorskip("tf_keras", reason="no Keras 2 here (tf-keras, or TF 2.15's keras; the matrix's "
+                                                  "legacy and tf215 envs have one)")

@@ -116,18 +116,25 @@ class Watchdog:
         _exit_process(EXIT_STATUS)
 
 
-def step_watchdog(timeout_s: float, first_timeout_s: float | None = None, on_timeout=None):
+def step_watchdog(timeout_s: float, first_timeout_s: float | None = None, on_timeout=None, *, model=None):
     """A Keras callback that ends the process when one training step runs past ``timeout_s``.
 
     Args:
         timeout_s: the longest a training step may take, in seconds.
         first_timeout_s: the first step's limit (tracing, compiling); default 10 x ``timeout_s``.
         on_timeout: called with the report instead of exiting (for tests of the callback itself).
+        model: the model to be fitted, when it is a Keras 2 model (``tf_keras``): the callback is
+            then a ``tf_keras`` callback. Default: a callback of the ``keras`` package.
 
     Returns:
         A ``keras.callbacks.Callback`` for ``fit(callbacks=[...])``.
     """
-    import keras
+    if model is None:
+        import keras
+    else:
+        from harness.compat import keras_module_of
+
+        keras = keras_module_of(model)
 
     class StepWatchdog(keras.callbacks.Callback):
         def __init__(self):

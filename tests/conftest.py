@@ -1,9 +1,9 @@
 """Shared test setup. The harness pytest plugin (markers, logical_devices) loads via its entry point.
 
 Where the ``keras`` package is Keras 2 (TF 2.15, the matrix's ``tf215`` env), the suites written
-for Keras 3 models cannot run, so of the folders that train models only the Keras 2 tests
-(``parallel/test_keras2.py``) are collected; the reason goes into the JUnit file (property
-``not_collected``), which ``harness matrix`` shows in its table.
+for Keras 3 models cannot run, so of the folders that train models only the Keras 2 files
+(``RUN_ON_KERAS2``: Keras 2 models, and device listing, which builds none) are collected; the
+reason goes into the JUnit file (property ``not_collected``), which ``harness matrix`` shows.
 """
 
 from pathlib import Path
@@ -14,12 +14,12 @@ from harness.testing import add_junit_property
 _FLAVOUR = keras_flavour()
 _KERAS_PACKAGE_IS_2 = _FLAVOUR.package == "keras" and _FLAVOUR.major == 2
 NOT_COLLECTED = ("parallel", "regressions", "bench")
-KERAS2_TESTS = ("test_keras2.py",)
-REASON = f"{_FLAVOUR.why}: these suites build Keras 3 models (Keras 2 runs parallel/test_keras2.py)"
+RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_device_listing.py")
+REASON = f"{_FLAVOUR.why}: these suites build Keras 3 models (Keras 2 runs their Keras 2 files)"
 
 _HERE = Path(__file__).parent
 collect_ignore = [str(p.relative_to(_HERE)) for folder in NOT_COLLECTED for p in sorted((_HERE / folder).glob("*.py"))
-                  if p.name not in KERAS2_TESTS] if _KERAS_PACKAGE_IS_2 else []
+                  if p.name not in RUN_ON_KERAS2] if _KERAS_PACKAGE_IS_2 else []
 
 
 def pytest_report_header(config):

@@ -5,11 +5,12 @@ current ratios on the host, the template runs once per device on its slice,
 the outputs are merged once, and the loss, metrics and gradients are those of
 the whole batch. Keras 2 differs in what the step has to collect: weight
 penalties are the layers' ``_callable_losses`` (counted once per step, not once
-per tower), and the loss goes through ``compiled_loss``.
+per tower), activity regularisers are means over each slice (weighted by the
+slice's share), and the loss goes through ``compiled_loss``. BatchNormalization
+gets whole-batch statistics from ``harness.parallel.keras2_layerwise``.
 
-Not built for Keras 2 yet (refused with the reason): ``method="mirrored"``,
-BatchNormalization (whole-batch statistics), activity regularisers (Keras 2
-divides them by the slice's batch size), emulated devices and ``ratios="auto"``.
+Not built for Keras 2 yet (refused with the reason): emulated devices and
+``ratios="auto"``. ``method="mirrored"`` is ``harness.parallel.keras2_mirrored``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,21 @@ import tensorflow as tf
 
 from harness.compat import Keras2NotSupported, keras_module_of
 from harness.parallel import Untracked, slicing
+from harness.parallel import keras2_layerwise as layerwise
+from harness.parallel.keras2_batchnorm import unsyncable_batchnorms
 from harness.split import shares, validate_ratios
 
 __all__ = ["build_towers", "unsupported_layers"]
 
 
-def unsupported_layers(template) -> list[str]:
-    """Layers the Keras 2 towers cannot train exactly yet, as ``"name (why)"``."""
-    found = []
-    for layer in template._flatten_layers(include_self=False):
-        if "BatchNormalization" in type(layer).__name__:
-            found.append(f"{layer.name} (BatchNormalization: whole-batch statistics not built for Keras 2)")
-        elif getattr(layer, "activity_regularizer", None) is not None:
-            found.append(f"{layer.name} (activity_regularizer: Keras 2 divides it by each slice's batch size)")
+def unsupported_layers(template, sync_batchnorm: bool = True) -> list[str]:
+    """Layers the Keras 2 towers cannot train exactly, as ``"name (why)"``."""
+    if not sync_batchnorm or not layerwise.has_batchnorm(template):
+        return []
+    found = unsyncable_batchnorms(template)
+    if layerwise.graph_of(template) is None:
+        found.append(f"{template.name} (a subclassed model with BatchNormalization: whole-batch statistics "
+                     "need a Functional or Sequential model; or pass sync_batchnorm=False)")
     return found
 
 
@@ -47,12 +50,14 @@ def _towers_class(k):
 
         method = "towers"
 
-        def __init__(self, template, devices, ratios, merge_device):
+        def __init__(self, template, devices, ratios, merge_device, sync_batchnorm=True):
             super().__init__(name=f"towers_{template.name}")
             self.template = template  # tracked: its variables are this model's variables
             self.devices = tuple(devices)
             self.ratios = validate_ratios(ratios, len(self.devices))
             self.merge_device = merge_device
+            self.sync_batchnorm = bool(sync_batchnorm)
+            self._layerwise = self.sync_batchnorm and len(self.devices) > 1 and layerwise.has_batchnorm(template)
             with tf.init_scope(), tf.device("/device:CPU:0"):
                 split = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
             self._shares_ref = Untracked(split)
@@ -79,21 +84,35 @@ def _towers_class(k):
 
         # -- the step ---------------------------------------------------------
         def _forward(self, x, training):
+            """``(y_pred, losses)``: merged outputs and the layers' call-time losses of the whole batch.
+
+            Keras 2 divides an activity regulariser by the batch size of the call
+            (``_handle_activity_regularization``): a tower's losses are means over
+            its slice, so each is weighted by its slice's share ``n_i / N``.
+            """
             def parallel():
                 with tf.device("/device:CPU:0"):
                     n = slicing.batch_size_of(x)
-                    parts = slicing.split_structure(x, slicing.split_sizes(n, self._shares_ref.value),
-                                                    len(self.devices))
-                outputs = []
-                for device, part in zip(self.devices, parts):
-                    with tf.device(device):
-                        outputs.append(self.template(part, training=training))
+                    sizes = slicing.split_sizes(n, self._shares_ref.value)
+                    parts = slicing.split_structure(x, sizes, len(self.devices))
+                if training and self._layerwise:
+                    outputs, losses = layerwise.run_towers(self.template, parts, self.devices, self.merge_device,
+                                                           training)
+                else:
+                    outputs, losses = [], []
+                    for device, part in zip(self.devices, parts):
+                        with tf.device(device):
+                            outputs.append(self.template(part, training=training))
+                        losses.append(layerwise.own_losses(self.template))
                 with tf.device(self.merge_device):
-                    return slicing.concat_structures(outputs)
+                    weights = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
+                    extra = [tf.cast(loss, tf.float32) * weights[i] for i, tower in enumerate(losses) for loss in tower]
+                    return slicing.concat_structures(outputs), _sum(extra)
 
             def single():  # fewer samples than devices: the single-device step itself
                 with tf.device(self.merge_device):
-                    return self.template(x, training=training)
+                    y_pred = self.template(x, training=training)
+                    return y_pred, _sum([tf.cast(loss, tf.float32) for loss in layerwise.own_losses(self.template)])
 
             if len(self.devices) == 1:
                 return parallel()
@@ -107,20 +126,20 @@ def _towers_class(k):
         def train_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
             with tf.GradientTape() as tape:
-                y_pred = self._forward(x, training=True)
-                loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self._penalties())
+                y_pred, extra = self._forward(x, training=True)
+                loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
             self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
         def test_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
-            y_pred = self._forward(x, training=False)
-            self.compiled_loss(y, y_pred, sample_weight, regularization_losses=self._penalties())
+            y_pred, extra = self._forward(x, training=False)
+            self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
         def predict_step(self, data):
             x, _, _ = k.utils.unpack_x_y_sample_weight(data)
-            return self._forward(x, training=False)
+            return self._forward(x, training=False)[0]
 
         # -- persistence: the plain template ------------------------------------------
         def save(self, filepath, *args, **kwargs):
@@ -138,24 +157,31 @@ def _towers_class(k):
 
 def build_towers(template, devices: list[str], ratios, merge_device: str, *, method: str = "towers",
                  sync_batchnorm: bool = True, emulate=None, auto: bool = False):
-    """The Keras 2 towers model of ``template``; refuses what is not built for Keras 2 yet, naming it.
+    """The Keras 2 parallel model of ``template``; refuses what is not built for Keras 2 yet, naming it.
+
+    ``method="mirrored"`` is built by ``harness.parallel.keras2_mirrored``.
 
     Raises:
-        Keras2NotSupported: for ``method="mirrored"``, emulated devices, ``ratios="auto"``, or layers
-            listed by ``unsupported_layers``.
+        Keras2NotSupported: for emulated devices, ``ratios="auto"``, or layers listed by ``unsupported_layers``.
     """
     refused = []
-    if method != "towers":
-        refused.append(f"method={method!r} (only 'towers' is built for Keras 2)")
     if emulate is not None:
         refused.append("emulate= (emulated devices)")
     if auto:
         refused.append('ratios="auto"')
-    refused += unsupported_layers(template)
+    if method == "towers":
+        refused += unsupported_layers(template, sync_batchnorm)
     if refused:
         raise Keras2NotSupported(
             f"harness.parallelize on a Keras 2 model ({type(template).__module__}) does not support yet: "
             + "; ".join(refused) + ". Use a Keras 3 model (import keras, TF >= 2.16) for these"
         )
-    del sync_batchnorm  # no BatchNormalization gets here
-    return _towers_class(keras_module_of(template))(template, devices, ratios, merge_device)
+    if method == "mirrored":
+        from harness.parallel.keras2_mirrored import build_mirrored
+
+        return build_mirrored(template, devices, ratios, merge_device, sync_batchnorm=sync_batchnorm)
+    return _towers_class(keras_module_of(template))(template, devices, ratios, merge_device, sync_batchnorm)
+
+
+def _sum(values: list):
+    return tf.add_n(values) if values else tf.zeros((), tf.float32)

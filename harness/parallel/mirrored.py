@@ -11,36 +11,15 @@ class weights, loss weights and multi-output models.
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import tensorflow as tf
 from keras import tree
 
 from harness.parallel.base import Method, ParallelModel, add_all, own_losses, weight_losses
 from harness.parallel.batchnorm import SyncBatchNormalization, is_batchnorm
-from harness.parallel.slicing import restore_static_shape
+from harness.parallel.collective import strategy_for, whole_batch
 
 __all__ = ["MirroredModel"]
-
-
-class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
-    """A MirroredStrategy whose collective group keys no other strategy in this process uses.
-
-    Every MirroredStrategy starts its collective keys at 1, so two strategies
-    over different device sets in one process join the same collective group
-    and abort ("joining a group with size 2, but that group has size 3").
-    """
-
-    def __init__(self, devices, key_base: int):
-        self._collective_key_base = key_base
-        super().__init__(devices)
-
-
-@functools.cache
-def strategy_for(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
-    """One strategy per device set and process (collective groups are process-wide)."""
-    return _KeyedMirroredStrategy(list(devices), key_base=100_000 * strategy_for.cache_info().currsize)
 
 
 def _clone_layer(layer):
@@ -51,19 +30,6 @@ def _clone_layer(layer):
 
 def _uses_sum_reduction(loss) -> bool:
     return any(isinstance(item, keras.losses.Loss) and item.reduction == "sum" for item in tree.flatten(loss))
-
-
-def _whole_batch(ctx, local, start, total):
-    """Every replica's rows of ``local``, in batch order, with only this replica's rows live.
-
-    Collective all-gather needs equal shapes; uneven slices are instead padded
-    with zeros to the whole batch and summed (adding exact zeros is exact).
-    """
-    local = restore_static_shape(local)
-    end = start + tf.shape(local)[0]
-    pad = [[start, total - end]] + [[0, 0]] * (len(local.shape) - 1)
-    gathered = tf.stop_gradient(ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.pad(local, pad)))
-    return tf.concat([gathered[:start], local, gathered[end:]], axis=0)
 
 
 class MirroredModel(ParallelModel):
@@ -159,7 +125,7 @@ class MirroredModel(ParallelModel):
             with tf.GradientTape() as tape:
                 y_local = self.core(x_local, training=True)
                 extra = add_all(own_losses(self.core))
-                y_pred = tree.map_structure(lambda t: _whole_batch(ctx, t, start, n), y_local)
+                y_pred = tree.map_structure(lambda t: whole_batch(ctx, t, start, n), y_local)
                 # Keras scales mean losses by 1/replicas here: `main` is 1/R of the whole batch's loss.
                 main = add_all([] if self._compile_loss is None else [self._compile_loss(y, y_pred, sample_weight)])
                 # Weight penalties are the same on every replica; their gradients are summed R times.

@@ -15,17 +15,13 @@ __all__ = ["EQUIVALENCE_MODELS", "build", "loss", "make_data"]
 EQUIVALENCE_MODELS = ("dense", "cnn_bn", "gru", "two_input")
 
 
-def _dense():
-    import keras
-
+def _dense(keras):
     return keras.Sequential(
         [keras.Input((12,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)], name="dense"
     )
 
 
-def _cnn_bn():
-    import keras
-
+def _cnn_bn(keras):
     # Convolutions feeding BatchNormalization carry no bias (standard practice): a bias
     # there has a zero gradient in exact arithmetic, and Adam turns its float noise into steps.
     inputs = keras.Input((8, 8, 1))
@@ -39,18 +35,14 @@ def _cnn_bn():
     return keras.Model(inputs, keras.layers.Dense(3)(h), name="cnn_bn")
 
 
-def _gru():
-    import keras
-
+def _gru(keras):
     return keras.Sequential(
         [keras.Input((6, 4)), keras.layers.GRU(16, return_sequences=True), keras.layers.GRU(16), keras.layers.Dense(3)],
         name="gru",
     )
 
 
-def _two_input():
-    import keras
-
+def _two_input(keras):
     l2 = keras.regularizers.L2(1e-3)
     a = keras.Input((12,), name="a")
     b = keras.Input((5,), name="b")
@@ -62,18 +54,27 @@ def _two_input():
 _BUILDERS = {"dense": _dense, "cnn_bn": _cnn_bn, "gru": _gru, "two_input": _two_input}
 
 
-def build(name: str):
-    """A new, built instance of the named model."""
+def build(name: str, keras=None):
+    """A new, built instance of the named model.
+
+    Args:
+        name: one of ``EQUIVALENCE_MODELS``.
+        keras: the Keras module to build with (default ``keras``); ``tf_keras`` builds a Keras 2 model.
+    """
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
-    return _BUILDERS[name]()
+    return _BUILDERS[name](_module(keras))
 
 
-def loss():
-    """The loss these models train with: they output logits for 3 classes."""
-    import keras
+def loss(keras=None):
+    """The loss these models train with (they output logits for 3 classes), from ``keras`` as ``build``."""
+    return _module(keras).losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+def _module(keras):
+    if keras is None:
+        import keras
+    return keras
 
 
 def make_data(name: str, samples: int, seed: int = 0):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import harness
-from harness.parallel.mirrored import strategy_for
+from harness.parallel.collective import strategy_for
 from harness.split import split_batch
 
 

@@ -1,0 +1,111 @@
+"""Cross-device arithmetic both Keras generations share (TensorFlow only, no Keras import).
+
+The mirrored models' strategy per device set, the gathering of the whole
+batch's predictions inside a replica, and the whole batch's BatchNormalization
+moments from per-device parts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import tensorflow as tf
+
+from harness.parallel.slicing import restore_static_shape
+
+__all__ = ["strategy_for", "whole_batch", "global_moments", "replica_all_reduce"]
+
+AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
+
+
+class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
+    """A MirroredStrategy whose collective group keys no other strategy in this process uses.
+
+    Every MirroredStrategy starts its collective keys at 1, so two strategies
+    over different device sets in one process join the same collective group
+    and abort ("joining a group with size 2, but that group has size 3").
+    """
+
+    def __init__(self, devices, key_base: int):
+        self._collective_key_base = key_base
+        super().__init__(devices)
+
+
+@functools.cache
+def strategy_for(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
+    """One strategy per device set and process (collective groups are process-wide), Keras 3 and 2 alike."""
+    return _KeyedMirroredStrategy(list(devices), key_base=100_000 * strategy_for.cache_info().currsize)
+
+
+def whole_batch(ctx, local, start, total):
+    """Every replica's rows of ``local``, in batch order, with only this replica's rows live.
+
+    Collective all-gather needs equal shapes; uneven slices are instead padded
+    with zeros to the whole batch and summed (adding exact zeros is exact).
+    """
+    local = restore_static_shape(local)
+    end = start + tf.shape(local)[0]
+    pad = [[start, total - end]] + [[0, 0]] * (len(local.shape) - 1)
+    gathered = tf.stop_gradient(ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.pad(local, pad)))
+    return tf.concat([gathered[:start], local, gathered[end:]], axis=0)
+
+
+def global_moments(
+    parts: Sequence[tf.Tensor],
+    axes: Sequence[int],
+    all_reduce: AllReduce,
+    devices: Sequence[str | None] | None = None,
+) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """Mean and variance of the concatenation of ``parts`` over ``axes``.
+
+    Args:
+        parts: the local tensors (one per tower, or the replica's own one).
+        axes: reduction axes (every axis but the channel axis).
+        all_reduce: sums one tensor per part into the global total and
+            returns it per part (a list of the same length).
+        devices: where each part's local reductions run (``None``: anywhere).
+
+    Returns:
+        ``(means, variances)``, one per part, channel-shaped.
+    """
+    devices = list(devices) if devices is not None else [None] * len(parts)
+    axes = list(axes)
+
+    def local(fn, *args):
+        out = []
+        for device, values in zip(devices, zip(*args)):
+            with tf.device(device):
+                out.append(fn(*values))
+        return out
+
+    def local_sum(x):
+        # TF's CPU Conv2D returns a wrongly shaped *empty* tensor for an empty batch (its
+        # channel count is the input's), and static-shape rewrites keep that from being
+        # patched later: flatten to [-1, channels] first, which any empty tensor satisfies.
+        rank = len(x.shape)
+        keep = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        kept = [i for i in range(rank) if i not in axes]
+        moved = tf.transpose(x, list(axes) + kept) if kept != list(range(rank - len(kept), rank)) else x
+        flat = tf.reshape(moved, [-1, math.prod(keep)])
+        return tf.reshape(tf.reduce_sum(flat, axis=0), keep)
+
+    sums = local(local_sum, parts)
+    counts = local(lambda x: tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)), x.dtype), parts)
+    count = all_reduce(counts)
+    means = local(tf.math.divide_no_nan, all_reduce(sums), count)
+    squares = local(
+        lambda x, m: local_sum(tf.math.squared_difference(x, tf.stop_gradient(m))),
+        parts,
+        means,
+    )
+    variances = local(tf.math.divide_no_nan, all_reduce(squares), count)
+    means = local(lambda m: tf.squeeze(m, axes), means)
+    return means, local(lambda v: tf.squeeze(v, axes), variances)
+
+
+def replica_all_reduce(values: list[tf.Tensor]) -> list[tf.Tensor]:
+    """The ``all_reduce`` of ``global_moments`` inside a replica: the sum over all replicas."""
+    ctx = tf.distribute.get_replica_context()
+    return [ctx.all_reduce(tf.distribute.ReduceOp.SUM, values[0])]
