@@ -180,11 +180,10 @@ class Emulator:
     def begin(self, device: str, x):
         """Gates ``x`` (a device's input slice) on the begin op; returns ``(x, token)``."""
         import tensorflow as tf
-        from keras import tree
 
         if device not in self.logged:
             return x, None
-        leaf = tree.flatten(x)[0]
+        leaf = tf.nest.flatten(x)[0]
 
         def start(batch):
             n = len(batch)
@@ -209,11 +208,11 @@ class Emulator:
 
     def end(self, device: str, y, token):
         """Gates ``y`` (the device's output) on the end op, which sleeps out the emulated time."""
-        from keras import tree
+        import tensorflow as tf
 
         if token is None:
             return y
-        return add_zero(y, self.finish(device, token, after=tree.flatten(y)[0]))
+        return add_zero(y, self.finish(device, token, after=tf.nest.flatten(y)[0]))
 
     def finish(self, device: str, token, after):
         """The end op: runs once ``after`` exists, sleeps until the emulated end, returns an exact 0.
@@ -223,7 +222,6 @@ class Emulator:
         forward and backward work, as a real device's step time does.
         """
         import tensorflow as tf
-        from keras import tree
 
         started, n = token
 
@@ -244,7 +242,7 @@ class Emulator:
             # Grappler drops control edges to stateless ops: the end op must feed the result as data
             # (an exact zero it returns, which no optimiser can know) and read ``after`` itself - one
             # element of it, so a GPU result costs a 4-byte copy, not the whole tensor.
-            leaf = tree.flatten(after)[0]
+            leaf = tf.nest.flatten(after)[0]
             if isinstance(leaf, tf.IndexedSlices):
                 leaf = leaf.values
             probe = tf.reshape(leaf, [-1])[:1]
@@ -293,10 +291,10 @@ class _EndTimes:
 def add_zero(structure, zero):
     """``structure`` with ``zero`` added to every numeric leaf: a data dependency that changes nothing."""
     import tensorflow as tf
-    from keras import tree
 
     def add(t):
         t = tf.convert_to_tensor(t)
         return t + tf.cast(zero, t.dtype) if (t.dtype.is_floating or t.dtype.is_integer) else t
 
-    return tree.map_structure(add, structure)
+    # tf.nest, not keras.tree: TF 2.15's Keras 2 has no keras.tree (same structures here: lists, tuples, dicts).
+    return tf.nest.map_structure(add, structure)

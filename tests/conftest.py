@@ -2,7 +2,7 @@
 
 Where the ``keras`` package is Keras 2 (TF 2.15, the matrix's ``tf215`` env), the suites written
 for Keras 3 models cannot run, so of the folders that train models only the Keras 2 files
-(``RUN_ON_KERAS2``: Keras 2 models, and device listing, which builds none) are collected; the
+(``RUN_ON_KERAS2``: Keras 2 models; device listing and the watchdog, which take any Keras) are collected; the
 reason goes into the JUnit file (property ``not_collected``), which ``harness matrix`` shows.
 """
 
@@ -14,7 +14,7 @@ from harness.testing import add_junit_property
 _FLAVOUR = keras_flavour()
 _KERAS_PACKAGE_IS_2 = _FLAVOUR.package == "keras" and _FLAVOUR.major == 2
 NOT_COLLECTED = ("parallel", "regressions", "bench")
-RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_device_listing.py")
+RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_device_listing.py", "test_watchdog.py")
 REASON = f"{_FLAVOUR.why}: these suites build Keras 3 models (Keras 2 runs their Keras 2 files)"
 
 _HERE = Path(__file__).parent

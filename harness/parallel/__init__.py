@@ -38,8 +38,9 @@ def parallelize(
     Args:
         model: a built ``keras.Model`` (Functional, Sequential or subclassed). A
             Keras 2 model (``tf_keras``, or TF <= 2.15's ``keras``) gets the
-            towers of ``harness.parallel.keras2``; what is not built for Keras 2
-            yet raises ``harness.compat.Keras2NotSupported``.
+            models of ``harness.parallel.keras2`` (emulated devices and
+            ``ratios="auto"`` included); layers they cannot train exactly
+            raise ``harness.compat.Keras2NotSupported``.
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU).
         ratios: one positive number per device; ``None`` splits evenly.
@@ -68,7 +69,7 @@ def parallelize(
     Raises:
         TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
         ValueError: unbuilt model, unknown method or devices, invalid ratios.
-        Keras2NotSupported: a Keras 2 model with a feature not built for Keras 2 yet (names it).
+        Keras2NotSupported: a Keras 2 model with a layer not built for Keras 2 yet (names it).
 
     Example:
         >>> import harness, keras
@@ -98,20 +99,22 @@ def parallelize(
     ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
     merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
     if keras2:
-        from harness.parallel.keras2 import build_towers
+        from harness.parallel.keras2 import build as build_keras2
 
-        return build_towers(model, names, ratios, merge, method=method, sync_batchnorm=sync_batchnorm,
-                            emulate=emulate, auto=auto)
-    if method == "towers":
-        from harness.parallel.towers import TowersModel as cls
+        parallel = build_keras2(model, names, ratios, merge, method=method, sync_batchnorm=sync_batchnorm,
+                                emulator=_emulator(emulate, names))
     else:
-        from harness.parallel.mirrored import MirroredModel as cls
-    parallel = cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+        if method == "towers":
+            from harness.parallel.towers import TowersModel as cls
+        else:
+            from harness.parallel.mirrored import MirroredModel as cls
+        parallel = cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
     if auto:
-        from harness.tuning.rebalance import Rebalance
+        from harness.compat import keras_module_of
+        from harness.tuning.rebalance import rebalance_class
 
         parallel.time_devices()
-        parallel._rebalancer_ref.value = Rebalance(every=AUTO_EVERY, warmup=AUTO_WARMUP)
+        parallel._rebalancer_ref.value = rebalance_class(keras_module_of(model))(every=AUTO_EVERY, warmup=AUTO_WARMUP)
     return parallel
 
 

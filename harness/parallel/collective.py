@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from harness.parallel.slicing import restore_static_shape
 
-__all__ = ["strategy_for", "whole_batch", "global_moments", "replica_all_reduce"]
+__all__ = ["strategy_for", "replica_device", "sum_replicas", "whole_batch", "global_moments",
+           "replica_all_reduce"]
 
 AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 
@@ -37,6 +38,17 @@ class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
 def strategy_for(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
     """One strategy per device set and process (collective groups are process-wide), Keras 3 and 2 alike."""
     return _KeyedMirroredStrategy(list(devices), key_base=100_000 * strategy_for.cache_info().currsize)
+
+
+def replica_device(devices, ctx) -> str:
+    """The device name of replica ``ctx`` (replica ids follow the strategy's ``devices``)."""
+    return devices[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
+
+
+def sum_replicas(strategy, value, device: str):
+    """The sum of a per-replica ``value`` over the replicas, on ``device``."""
+    with tf.device(device):
+        return tf.add_n(list(strategy.experimental_local_results(value)))
 
 
 def whole_batch(ctx, local, start, total):

@@ -9,8 +9,11 @@ per tower), activity regularisers are means over each slice (weighted by the
 slice's share), and the loss goes through ``compiled_loss``. BatchNormalization
 gets whole-batch statistics from ``harness.parallel.keras2_layerwise``.
 
-Not built for Keras 2 yet (refused with the reason): emulated devices and
-``ratios="auto"``. ``method="mirrored"`` is ``harness.parallel.keras2_mirrored``.
+Emulated and timed devices, ``ratios="auto"``, ``set_ratios`` and saving are
+those of every parallel model (``common.ParallelCommon``): an emulated device's
+slice passes its begin op before its tower and its end op after its backward
+pass, and the built-in ``Rebalance`` is a callback of the model's own Keras
+(``rebalance_class``). ``method="mirrored"`` is ``keras2_mirrored``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 from harness.compat import Keras2NotSupported, keras_module_of
-from harness.parallel import Untracked, slicing
+from harness.emulate import add_zero
 from harness.parallel import keras2_layerwise as layerwise
+from harness.parallel import slicing
+from harness.parallel.common import ParallelCommon
 from harness.parallel.keras2_batchnorm import unsyncable_batchnorms
-from harness.split import shares, validate_ratios
 
-__all__ = ["build_towers", "unsupported_layers"]
+__all__ = ["build", "unsupported_layers", "is_loss_scaling", "apply_finished"]
 
 
 def unsupported_layers(template, sync_batchnorm: bool = True) -> list[str]:
@@ -37,6 +41,24 @@ def unsupported_layers(template, sync_batchnorm: bool = True) -> list[str]:
     return found
 
 
+def is_loss_scaling(k, optimizer) -> bool:
+    """True for a mixed-precision ``LossScaleOptimizer`` of Keras 2 module ``k``."""
+    return isinstance(optimizer, k.mixed_precision.LossScaleOptimizer)
+
+
+def apply_finished(k, optimizer, grads, weights, zero) -> None:
+    """Unscales ``grads`` (mixed precision), adds the emulated devices' ``zero`` and applies them.
+
+    The zero is their end ops' result: the update waits for every device's
+    emulated finish, and changes nothing.
+    """
+    if is_loss_scaling(k, optimizer):
+        grads = optimizer.get_unscaled_gradients(grads)
+    pairs = [(g, w) for g, w in zip(grads, weights) if g is not None]  # as minimize, unused weights are skipped
+    grads, weights = [g for g, _ in pairs], [w for _, w in pairs]
+    optimizer.apply_gradients(list(zip(add_zero(grads, zero), weights)))
+
+
 _CLASSES: dict = {}
 
 
@@ -45,65 +67,60 @@ def _towers_class(k):
     if k in _CLASSES:
         return _CLASSES[k]
 
-    class Keras2TowersModel(k.Model):
+    class Keras2TowersModel(ParallelCommon, k.Model):
         """Ratio-split towers around a Keras 2 template; ``fit``/``evaluate``/``predict`` as any model."""
 
         method = "towers"
 
-        def __init__(self, template, devices, ratios, merge_device, sync_batchnorm=True):
+        def __init__(self, template, devices, ratios, merge_device, sync_batchnorm=True, emulator=None):
             super().__init__(name=f"towers_{template.name}")
             self.template = template  # tracked: its variables are this model's variables
-            self.devices = tuple(devices)
-            self.ratios = validate_ratios(ratios, len(self.devices))
-            self.merge_device = merge_device
+            self._init_common(devices, ratios, merge_device, emulator)
             self.sync_batchnorm = bool(sync_batchnorm)
             self._layerwise = self.sync_batchnorm and len(self.devices) > 1 and layerwise.has_batchnorm(template)
-            with tf.init_scope(), tf.device("/device:CPU:0"):
-                split = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
-            self._shares_ref = Untracked(split)
 
         def call(self, inputs, training=None):
             return self.template(inputs, training=training)
 
-        def compile(self, *args, jit_compile=None, **kwargs):
-            """As ``Model.compile``, without XLA (see ``ParallelModel.compile``)."""
-            if jit_compile is True:
-                raise ValueError("parallel models cannot be compiled with jit_compile=True: the ratio split's "
-                                 "sizes change per batch and XLA needs them as compile-time constants")
-            super().compile(*args, jit_compile=False, **kwargs)
-
-        def set_ratios(self, ratios):
-            """Splits the following batches by ``ratios`` (no retrace), as ``ParallelModel.set_ratios``."""
-            values = validate_ratios(ratios, len(self.devices))
-            self._shares_ref.value.assign(shares(values))
-            self.ratios = values
-            return values
-
-        def sync_to_template(self) -> None:
-            """Nothing to copy: the towers train the template's own variables."""
-
         # -- the step ---------------------------------------------------------
-        def _forward(self, x, training):
-            """``(y_pred, losses)``: merged outputs and the layers' call-time losses of the whole batch.
+        def _forward(self, x, training, watch=None):
+            """``(y_pred, losses, pending)``: merged outputs, the layers' call-time losses of the whole batch,
+            and the emulated devices' pending ends.
 
             Keras 2 divides an activity regulariser by the batch size of the call
             (``_handle_activity_regularization``): a tower's losses are means over
             its slice, so each is weighted by its slice's share ``n_i / N``.
+            With ``watch`` (a training tape's), emulated devices are finished after
+            their backward pass, as in ``harness.parallel.towers``: each pending
+            ``(device, token, input)`` is finished on its input's gradient.
             """
+            # Cut (and gated on the begin ops) outside the cond: the tape watches the gated inputs.
+            with tf.device("/device:CPU:0"):
+                n = slicing.batch_size_of(x)
+                sizes = slicing.split_sizes(n, self._shares_ref.value)
+                parts = slicing.split_structure(x, sizes, len(self.devices))
+            parts, tokens = zip(*(self._begin_device(d, part) for d, part in zip(self.devices, parts)))
+            pending = []
+            if watch is not None:
+                for device, part, token in zip(self.devices, parts, tokens):
+                    leaf = tf.nest.flatten(part)[0]
+                    if token is not None and leaf.dtype.is_floating:
+                        watch(leaf)
+                        pending.append((device, token, leaf))
+            deferred = {device for device, _, _ in pending}
+
             def parallel():
-                with tf.device("/device:CPU:0"):
-                    n = slicing.batch_size_of(x)
-                    sizes = slicing.split_sizes(n, self._shares_ref.value)
-                    parts = slicing.split_structure(x, sizes, len(self.devices))
                 if training and self._layerwise:
-                    outputs, losses = layerwise.run_towers(self.template, parts, self.devices, self.merge_device,
-                                                           training)
+                    outputs, losses = layerwise.run_towers(self.template, list(parts), self.devices,
+                                                           self.merge_device, training)
                 else:
                     outputs, losses = [], []
                     for device, part in zip(self.devices, parts):
                         with tf.device(device):
                             outputs.append(self.template(part, training=training))
                         losses.append(layerwise.own_losses(self.template))
+                outputs = [out if d in deferred else self._end_device(d, out, token)
+                           for d, out, token in zip(self.devices, outputs, tokens)]
                 with tf.device(self.merge_device):
                     weights = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
                     extra = [tf.cast(loss, tf.float32) * weights[i] for i, tower in enumerate(losses) for loss in tower]
@@ -115,8 +132,8 @@ def _towers_class(k):
                     return y_pred, _sum([tf.cast(loss, tf.float32) for loss in layerwise.own_losses(self.template)])
 
             if len(self.devices) == 1:
-                return parallel()
-            return tf.cond(slicing.batch_size_of(x) >= len(self.devices), parallel, single)
+                return (*parallel(), pending)
+            return (*tf.cond(n >= len(self.devices), parallel, single), pending)
 
         def _penalties(self):
             # Weight regularisation: a function of the weights, once per step (template.losses after
@@ -126,14 +143,29 @@ def _towers_class(k):
         def train_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
             with tf.GradientTape() as tape:
-                y_pred, extra = self._forward(x, training=True)
+                y_pred, extra, pending = self._forward(x, training=True, watch=tape.watch)
                 loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
-            self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+                scaled = self.optimizer.get_scaled_loss(loss) if pending and is_loss_scaling(k, self.optimizer) \
+                    else loss
+            if not pending:
+                self.optimizer.minimize(loss, self.trainable_variables, tape=tape)
+                return self.compute_metrics(x, y, y_pred, sample_weight)
+            weights = self.trainable_variables
+            grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
+
+            def finished():  # each emulated device finishes when its backward pass reaches its input
+                return tf.add_n([self.emulator.finish(device, token, after=y_pred if g is None else g)
+                                 for (device, token, _), g in zip(pending, grads[len(weights):])])
+
+            # A batch smaller than the device count ran the single-device step: no device's work to log.
+            zero = finished() if len(self.devices) == 1 else tf.cond(
+                slicing.batch_size_of(x) >= len(self.devices), finished, lambda: tf.zeros((), tf.float32))
+            apply_finished(k, self.optimizer, grads[: len(weights)], weights, zero)
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
         def test_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
-            y_pred, extra = self._forward(x, training=False)
+            y_pred, extra, _ = self._forward(x, training=False)
             self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
@@ -141,36 +173,24 @@ def _towers_class(k):
             x, _, _ = k.utils.unpack_x_y_sample_weight(data)
             return self._forward(x, training=False)[0]
 
-        # -- persistence: the plain template ------------------------------------------
-        def save(self, filepath, *args, **kwargs):
-            return self.template.save(filepath, *args, **kwargs)
-
-        def save_weights(self, filepath, *args, **kwargs):
-            return self.template.save_weights(filepath, *args, **kwargs)
-
-        def get_config(self):
-            raise NotImplementedError("a parallel model is not serialised itself: save() writes the template model")
-
     _CLASSES[k] = Keras2TowersModel
     return Keras2TowersModel
 
 
-def build_towers(template, devices: list[str], ratios, merge_device: str, *, method: str = "towers",
-                 sync_batchnorm: bool = True, emulate=None, auto: bool = False):
-    """The Keras 2 parallel model of ``template``; refuses what is not built for Keras 2 yet, naming it.
+def build(template, devices: list[str], ratios, merge_device: str, *, method: str = "towers",
+          sync_batchnorm: bool = True, emulator=None):
+    """The Keras 2 parallel model of ``template``; refuses layers it cannot train exactly, naming them.
 
     ``method="mirrored"`` is built by ``harness.parallel.keras2_mirrored``.
 
+    Args:
+        template, devices, ratios, merge_device, method, sync_batchnorm: as for ``harness.parallelize``.
+        emulator: a ``harness.emulate.Emulator`` for emulated devices, or None.
+
     Raises:
-        Keras2NotSupported: for emulated devices, ``ratios="auto"``, or layers listed by ``unsupported_layers``.
+        Keras2NotSupported: for layers listed by ``unsupported_layers`` (towers).
     """
-    refused = []
-    if emulate is not None:
-        refused.append("emulate= (emulated devices)")
-    if auto:
-        refused.append('ratios="auto"')
-    if method == "towers":
-        refused += unsupported_layers(template, sync_batchnorm)
+    refused = unsupported_layers(template, sync_batchnorm) if method == "towers" else []
     if refused:
         raise Keras2NotSupported(
             f"harness.parallelize on a Keras 2 model ({type(template).__module__}) does not support yet: "
@@ -179,8 +199,10 @@ def build_towers(template, devices: list[str], ratios, merge_device: str, *, met
     if method == "mirrored":
         from harness.parallel.keras2_mirrored import build_mirrored
 
-        return build_mirrored(template, devices, ratios, merge_device, sync_batchnorm=sync_batchnorm)
-    return _towers_class(keras_module_of(template))(template, devices, ratios, merge_device, sync_batchnorm)
+        return build_mirrored(template, devices, ratios, merge_device, sync_batchnorm=sync_batchnorm,
+                              emulator=emulator)
+    return _towers_class(keras_module_of(template))(template, devices, ratios, merge_device, sync_batchnorm,
+                                                    emulator)
 
 
 def _sum(values: list):

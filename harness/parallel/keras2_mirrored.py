@@ -23,6 +23,10 @@ What Keras 2 changes:
   counted over all replicas. Masked inputs keep per-replica statistics.
 - a batch smaller than the device count runs the single-device step on the
   merge device; a mixed-precision ``LossScaleOptimizer`` scales that step's loss.
+
+Emulated and timed devices and ``ratios="auto"`` come from ``common.ParallelCommon``:
+each replica's slice passes its device's begin op, and its gradients the end op
+before they are applied (the device finishes after its backward pass).
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ import tensorflow as tf
 
 from harness.compat import Keras2NotSupported, keras_module_of
 from harness.parallel import Untracked, slicing
-from harness.parallel.collective import strategy_for, whole_batch
+from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
+from harness.parallel.common import ParallelCommon
+from harness.parallel.keras2 import apply_finished, is_loss_scaling
 from harness.parallel.keras2_batchnorm import sync_batchnorm_class, unsyncable_batchnorms
-from harness.split import shares, validate_ratios
 
 __all__ = ["build_mirrored"]
 
-def build_mirrored(template, devices, ratios, merge_device: str, *, sync_batchnorm: bool = True):
+def build_mirrored(template, devices, ratios, merge_device: str, *, sync_batchnorm: bool = True, emulator=None):
     """The Keras 2 mirrored model of ``template``: a ``MirroredStrategy`` over ``devices``, exact.
 
     Args:
@@ -51,6 +56,7 @@ def build_mirrored(template, devices, ratios, merge_device: str, *, sync_batchno
             predictions are merged.
         sync_batchnorm: whole-batch BatchNormalization statistics (exact); ``False``
             keeps per-replica statistics.
+        emulator: a ``harness.emulate.Emulator`` for emulated devices, or None.
 
     Returns:
         A Keras 2 model to ``compile`` and ``fit``.
@@ -67,7 +73,7 @@ def build_mirrored(template, devices, ratios, merge_device: str, *, sync_batchno
                 "method='mirrored' on a Keras 2 model cannot synchronise these BatchNormalization layers: "
                 + "; ".join(refused) + ". Use sync_batchnorm=False (per-replica statistics) or a Keras 3 model"
             )
-    return _mirrored_class(k)(template, devices, ratios, merge_device, sync_batchnorm)
+    return _mirrored_class(k)(template, devices, ratios, merge_device, sync_batchnorm, emulator)
 
 
 def _clone_into(strategy, k, template, sync_batchnorm: bool):
@@ -151,23 +157,18 @@ def _mirrored_class(k):
         return _CLASSES[k]
     internals = _loss_internals(k)
 
-    class Keras2MirroredModel(k.Model):
+    class Keras2MirroredModel(ParallelCommon, k.Model):
         """A ``MirroredStrategy`` over ``devices`` with ratio-split batches; ``fit``/``evaluate``/``predict``."""
 
         method = "mirrored"
 
-        def __init__(self, template, devices, ratios, merge_device, sync_batchnorm):
+        def __init__(self, template, devices, ratios, merge_device, sync_batchnorm, emulator=None):
             super().__init__(name=f"mirrored_{template.name}")
             self._template_ref = Untracked(template)  # untracked: its variables are not this model's
-            self.devices = tuple(devices)
-            self.ratios = validate_ratios(ratios, len(self.devices))
-            self.merge_device = merge_device
+            self._init_common(devices, ratios, merge_device, emulator)
             self.sync_batchnorm = bool(sync_batchnorm)
             self.strategy = strategy_for(self.devices)
             self.core = _clone_into(self.strategy, k, template, self.sync_batchnorm)
-            with tf.init_scope(), tf.device("/device:CPU:0"):
-                split = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
-            self._shares_ref = Untracked(split)
 
         @property
         def template(self):
@@ -178,11 +179,8 @@ def _mirrored_class(k):
             return self.core(inputs, training=training)
 
         # -- compile: the optimizer lives in the strategy's scope ----------------------
-        def compile(self, optimizer="rmsprop", loss=None, *args, jit_compile=None, **kwargs):
-            """As ``Model.compile``, without XLA; sum-reduced losses are refused (see ``ParallelModel``)."""
-            if jit_compile is True:
-                raise ValueError("parallel models cannot be compiled with jit_compile=True: the ratio split's "
-                                 "sizes change per batch and XLA needs them as compile-time constants")
+        def compile(self, optimizer="rmsprop", loss=None, *args, **kwargs):
+            """As ``Model.compile``, without XLA (``ParallelCommon.compile``); sum-reduced losses are refused."""
             if _uses_sum_reduction(k, loss):
                 raise ValueError("method='mirrored' supports mean-reduced losses ('sum_over_batch_size', "
                                  f"'auto'); got loss={loss!r} with reduction='sum'. Use method='towers'")
@@ -191,45 +189,20 @@ def _mirrored_class(k):
                     optimizer = optimizer.__class__.from_config(optimizer.get_config())
                 else:
                     optimizer = k.optimizers.get(optimizer)
-            super().compile(optimizer, loss, *args, jit_compile=False, **kwargs)
+            super().compile(optimizer, loss, *args, **kwargs)
             with self.strategy.scope():
                 if hasattr(self.optimizer, "build"):
                     self.optimizer.build(self.core.trainable_variables)
             # Built now, outside the replicas: building creates its loss metrics.
             self.compiled_loss.build(self.core.output)
 
-        def set_ratios(self, ratios):
-            """Splits the following batches by ``ratios`` (no retrace), as ``ParallelModel.set_ratios``."""
-            self.ratios = validate_ratios(ratios, len(self.devices))
-            self._shares_ref.value.assign(shares(self.ratios))
-            return self.ratios
-
-        # -- weights and persistence: the plain template ---------------------------------
+        # -- weights: the template holds them between fits -------------------------------
         def sync_to_template(self) -> None:
             """Copies the trained weights into the template (``fit`` and the save methods call it)."""
             self.template.set_weights(self.core.get_weights())
 
-        def fit(self, *args, **kwargs):
-            try:
-                return super().fit(*args, **kwargs)
-            finally:
-                self.sync_to_template()
-
-        def save(self, filepath, *args, **kwargs):
-            self.sync_to_template()
-            return self.template.save(filepath, *args, **kwargs)
-
-        def save_weights(self, filepath, *args, **kwargs):
-            self.sync_to_template()
-            return self.template.save_weights(filepath, *args, **kwargs)
-
-        def load_weights(self, filepath, *args, **kwargs):
-            status = self.template.load_weights(filepath, *args, **kwargs)
+        def _sync_from_template(self) -> None:
             self.core.set_weights(self.template.get_weights())
-            return status
-
-        def get_config(self):
-            raise NotImplementedError("a parallel model is not serialised itself: save() writes the template model")
 
         # -- the steps ------------------------------------------------------------------------
         def _by_batch_size(self, x, parallel, single):
@@ -250,10 +223,6 @@ def _mirrored_class(k):
                 lambda ctx: parts[ctx.replica_id_in_sync_group])
             return n, starts, fractions, values
 
-        def _sum_replicas(self, value):
-            with tf.device(self.merge_device):
-                return tf.add_n(list(self.strategy.experimental_local_results(value)))
-
         def _parallel_train(self, x, y, sample_weight):
             n, starts, fractions, x_parts = self._distribute(x)
             replicas = float(self.strategy.num_replicas_in_sync)
@@ -261,6 +230,8 @@ def _mirrored_class(k):
             def replica_step(x_local):
                 ctx = tf.distribute.get_replica_context()
                 replica = ctx.replica_id_in_sync_group
+                device = replica_device(self.devices, ctx)
+                x_local, token = self._begin_device(device, x_local)
                 with tf.GradientTape() as tape:
                     y_local = self.core(x_local, training=True)
                     # Keras 2 divides an activity regulariser by the slice's size: n_i/N makes it the batch's.
@@ -271,12 +242,21 @@ def _mirrored_class(k):
                     # The same on every replica, and its gradients are summed over the replicas.
                     penalty = _add_all(_penalties(self.core))
                     objective = main + extra + penalty / replicas
-                self.optimizer.minimize(objective, self.core.trainable_variables, tape=tape)
+                    scaling = token is not None and is_loss_scaling(k, self.optimizer)
+                    scaled = self.optimizer.get_scaled_loss(objective) if scaling else objective
+                weights = self.core.trainable_variables
+                if token is None:
+                    self.optimizer.minimize(objective, weights, tape=tape)
+                else:
+                    # An emulated device finishes after its backward pass: the first layer's gradients come last.
+                    grads = tape.gradient(scaled, weights)
+                    after = next((g for g in grads if g is not None), y_local)
+                    apply_finished(k, self.optimizer, grads, weights, self.emulator.finish(device, token, after))
                 return y_pred, extra, penalty
 
             y_pred, extra, penalty = self.strategy.run(replica_step, args=(x_parts,))
             first = self.strategy.experimental_local_results
-            return first(y_pred)[0], self._sum_replicas(extra) + first(penalty)[0]
+            return first(y_pred)[0], sum_replicas(self.strategy, extra, self.merge_device) + first(penalty)[0]
 
         def _single_train(self, x, y, sample_weight):
             with self.strategy.scope(), tf.GradientTape() as tape:
@@ -307,14 +287,16 @@ def _mirrored_class(k):
             _, _, fractions, x_parts = self._distribute(x)
 
             def replica_forward(x_local):
-                replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-                y_local = self.core(x_local, training=False)
+                ctx = tf.distribute.get_replica_context()
+                replica, device = ctx.replica_id_in_sync_group, replica_device(self.devices, ctx)
+                x_local, token = self._begin_device(device, x_local)
+                y_local = self._end_device(device, self.core(x_local, training=False), token)
                 return y_local, _add_all(_call_losses(self.core)) * tf.gather(fractions, replica)
 
             y_local, extra = self.strategy.run(replica_forward, args=(x_parts,))
             with tf.device(self.merge_device):
                 y_pred = slicing.concat_structures(list(self.strategy.experimental_local_results(y_local)))
-            return y_pred, self._sum_replicas(extra)
+            return y_pred, sum_replicas(self.strategy, extra, self.merge_device)
 
         def _forward(self, x):
             def single():

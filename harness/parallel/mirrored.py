@@ -17,7 +17,7 @@ from keras import tree
 
 from harness.parallel.base import Method, ParallelModel, add_all, own_losses, weight_losses
 from harness.parallel.batchnorm import SyncBatchNormalization, is_batchnorm
-from harness.parallel.collective import strategy_for, whole_batch
+from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
 
 __all__ = ["MirroredModel"]
 
@@ -105,14 +105,6 @@ class MirroredModel(ParallelModel):
         )
         return n, starts, values
 
-    def _replica_device(self, ctx) -> str:
-        """This replica's device name (replica ids follow ``self.devices``)."""
-        return self.devices[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
-
-    def _sum_replicas(self, value):
-        with tf.device(self.merge_device):
-            return tf.add_n(list(self.strategy.experimental_local_results(value)))
-
     def _parallel_train(self, x, y, sample_weight):
         n, starts, x_parts = self._distribute(x)
         replicas = float(self.strategy.num_replicas_in_sync)
@@ -120,7 +112,7 @@ class MirroredModel(ParallelModel):
         def replica_step(x_local):
             ctx = tf.distribute.get_replica_context()
             start = tf.gather(starts, ctx.replica_id_in_sync_group)
-            device = self._replica_device(ctx)
+            device = replica_device(self.devices, ctx)
             x_local, token = self._begin_device(device, x_local)
             with tf.GradientTape() as tape:
                 y_local = self.core(x_local, training=True)
@@ -138,16 +130,18 @@ class MirroredModel(ParallelModel):
             return main + extra + penalty, y_pred  # the replicas' shares add up to the whole batch's loss
 
         share, y_pred = self.strategy.run(replica_step, args=(x_parts,))
-        return self._sum_replicas(share), self.strategy.experimental_local_results(y_pred)[0]
+        loss = sum_replicas(self.strategy, share, self.merge_device)
+        return loss, self.strategy.experimental_local_results(y_pred)[0]
 
     def _parallel_forward(self, x):
         _, _, x_parts = self._distribute(x)
 
         def replica_forward(x_local):
-            device = self._replica_device(tf.distribute.get_replica_context())
+            device = replica_device(self.devices, tf.distribute.get_replica_context())
             x_local, token = self._begin_device(device, x_local)
             y_local = self._end_device(device, self.core(x_local, training=False), token)
             return y_local, add_all(own_losses(self.core))
 
         y_local, extra = self.strategy.run(replica_forward, args=(x_parts,))
-        return self._merge(list(self.strategy.experimental_local_results(y_local))), self._sum_replicas(extra)
+        y_pred = self._merge(list(self.strategy.experimental_local_results(y_local)))
+        return y_pred, sum_replicas(self.strategy, extra, self.merge_device)

@@ -13,6 +13,10 @@ On real devices a device's busy time runs from its slice's arrival to the end
 of its backward pass, waits on the others included (the loss needs every
 device's output), so re-splitting converges more slowly there than on emulated
 devices, to the same balanced point.
+
+``Rebalance`` is a callback of the ``keras`` package; ``rebalance_class(k)``
+makes the same callback for another Keras module (``tf_keras``, whose ``fit``
+takes its own callbacks only).
 """
 
 from __future__ import annotations
@@ -24,39 +28,11 @@ import keras
 from harness.split import split_batch
 from harness.tuning.resplit import decide, describe
 
-__all__ = ["Rebalance"]
+__all__ = ["Rebalance", "rebalance_class", "is_rebalance"]
 
 
-class Rebalance(keras.callbacks.Callback):
-    """Re-splits a ``harness.parallelize`` model's batch from measured device step times.
-
-    Args:
-        every: training steps per measurement window.
-        tolerance: re-split only when the slowest device is busy longer per
-            step than the fastest by more than this fraction.
-        warmup: steps not measured at the start of each ``fit`` (tracing) and
-            after each re-split (new shapes).
-        verbose: 1 prints a line per re-split, 2 also every measured window.
-        max_batches: per-device memory ceilings (e.g. ``harness tune``'s) that a
-            re-split never crosses; emulated devices' MAXBATCH applies by itself.
-
-    Attributes:
-        history: one dict per measured window: ``step`` (training steps seen),
-            ``resplit``, ``reason``, ``previous`` and ``ratios`` (the split before
-            and after), per-device ``busy_seconds``, ``samples``, ``rates``
-            (samples per busy second), ``imbalance``, the window's global
-            ``batch`` and the resulting per-device ``batches``.
-
-    Raises:
-        TypeError: when training starts, if the model is not a harness parallel model.
-
-    Example:
-        >>> parallel = harness.parallelize(model, 2, method="towers")
-        >>> parallel.compile(optimizer="sgd", loss="mse")
-        >>> rebalance = harness.Rebalance(every=20)
-        >>> parallel.fit(x, y, batch_size=256, callbacks=[rebalance])
-        >>> rebalance.history[-1]["batches"]
-    """
+class _Rebalancing:
+    """What ``Rebalance`` does, apart from the Keras it is a callback of (``rebalance_class``)."""
 
     def __init__(self, every: int = 20, tolerance: float = 0.05, warmup: int = 2, verbose: int = 0,
                  max_batches=None):
@@ -81,9 +57,7 @@ class Rebalance(keras.callbacks.Callback):
 
     # -- checks ----------------------------------------------------------------
     def set_model(self, model):
-        from harness.parallel.base import ParallelModel
-
-        if not isinstance(model, ParallelModel):
+        if not _is_parallel_model(model):
             raise TypeError(
                 f"harness.Rebalance re-splits a model made by harness.parallelize (towers or mirrored); got "
                 f"{type(model).__name__} {getattr(model, 'name', '')!r}"
@@ -175,3 +149,75 @@ class Rebalance(keras.callbacks.Callback):
         if not decision.resplit:
             self._since = now
 
+
+class Rebalance(_Rebalancing, keras.callbacks.Callback):
+    """Re-splits a ``harness.parallelize`` model's batch from measured device step times.
+
+    A callback of the ``keras`` package (Keras 3; Keras 2 on TF <= 2.15). For a
+    Keras 2 model of ``tf_keras`` use ``rebalance_class(tf_keras)``, the same
+    callback for that Keras (``ratios="auto"`` builds it by itself).
+
+    Args:
+        every: training steps per measurement window.
+        tolerance: re-split only when the slowest device is busy longer per
+            step than the fastest by more than this fraction.
+        warmup: steps not measured at the start of each ``fit`` (tracing) and
+            after each re-split (new shapes).
+        verbose: 1 prints a line per re-split, 2 also every measured window.
+        max_batches: per-device memory ceilings (e.g. ``harness tune``'s) that a
+            re-split never crosses; emulated devices' MAXBATCH applies by itself.
+
+    Attributes:
+        history: one dict per measured window: ``step`` (training steps seen),
+            ``resplit``, ``reason``, ``previous`` and ``ratios`` (the split before
+            and after), per-device ``busy_seconds``, ``samples``, ``rates``
+            (samples per busy second), ``imbalance``, the window's global
+            ``batch`` and the resulting per-device ``batches``.
+
+    Raises:
+        TypeError: when training starts, if the model is not a harness parallel model.
+
+    Example:
+        >>> parallel = harness.parallelize(model, 2, method="towers")
+        >>> parallel.compile(optimizer="sgd", loss="mse")
+        >>> rebalance = harness.Rebalance(every=20)
+        >>> parallel.fit(x, y, batch_size=256, callbacks=[rebalance])
+        >>> rebalance.history[-1]["batches"]
+    """
+
+
+_CLASSES: dict = {keras: Rebalance}
+
+
+def rebalance_class(k) -> type:
+    """``Rebalance`` as a callback of Keras module ``k`` (``keras``, or ``tf_keras`` for its models).
+
+    A ``tf_keras`` ``fit`` takes ``tf_keras`` callbacks only; the class is made
+    once per module and process.
+
+    Args:
+        k: a Keras module, e.g. ``harness.compat.keras_module_of(model)``.
+
+    Returns:
+        ``Rebalance`` itself for ``keras``, else a subclass of ``k.callbacks.Callback`` that does the same.
+
+    Example:
+        >>> import tf_keras
+        >>> rebalance = rebalance_class(tf_keras)(every=20)
+    """
+    if k not in _CLASSES:
+        _CLASSES[k] = type("Rebalance", (_Rebalancing, k.callbacks.Callback),
+                           {"__doc__": Rebalance.__doc__, "__module__": __name__})
+    return _CLASSES[k]
+
+
+def is_rebalance(callback) -> bool:
+    """True for a ``Rebalance`` of any Keras (``rebalance_class``)."""
+    return isinstance(callback, _Rebalancing)
+
+
+def _is_parallel_model(model) -> bool:
+    """A model of ``harness.parallelize``, Keras 3 or Keras 2."""
+    from harness.parallel.common import ParallelCommon
+
+    return isinstance(model, ParallelCommon)

@@ -1,10 +1,11 @@
-"""Keras 2 models (tf_keras, or TF 2.15's keras): both methods, exact against one device.
+"""Keras 2 models (tf_keras, or TF 2.15's keras): both methods, emulated devices, ratios="auto"; exact.
 
 Runs where a Keras 2 module is installed (the dev env's tf-keras; the matrix's `legacy` and `tf215`
 envs); skipped, with that reason, elsewhere (the plugin's `keras2` fixture). Every training case
 compares with the single-device step on the whole batch, partial last batches included (61 samples
 at batch 20: a last batch of 1, smaller than the device count, runs the single-device step; 65: a
-last batch of 5 split over 4 devices).
+last batch of 5 split over 4 devices). Emulation only adds delays and a re-split only changes the
+next step's slices, so the emulated and rebalanced cases are exact too.
 """
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 import harness
 from harness.compat import Keras2NotSupported
+from harness.tuning.rebalance import is_rebalance, rebalance_class
 
 METHODS = ["towers", "mirrored"]
 
@@ -192,10 +194,8 @@ def test_what_cannot_be_exact_is_refused_by_name(logical_devices, keras2, method
     renorm = k.Sequential([k.Input((4,)), k.layers.BatchNormalization(renorm=True, name="rn"), k.layers.Dense(1)])
     with pytest.raises(Keras2NotSupported, match="rn \\(BatchNormalization with renorm=True"):
         harness.parallelize(renorm, devices, method=method)
-    with pytest.raises(Keras2NotSupported, match="emulate="):
-        harness.parallelize(_dense(k), devices, method=method, emulate="100,50")
-    with pytest.raises(Keras2NotSupported, match='ratios="auto"'):
-        harness.parallelize(_dense(k), devices, method=method, ratios="auto")
+    with pytest.raises(Keras2NotSupported, match="rn \\(BatchNormalization with renorm=True"):
+        harness.parallelize(renorm, devices, method=method, emulate="100,50", ratios="auto")
 
 
 def test_mirrored_refuses_sum_reduced_losses(logical_devices, keras2):
@@ -225,3 +225,121 @@ def test_subclassed_models_need_sync_off_for_towers_and_cannot_be_mirrored(logic
     harness.parallelize(_subclassed_with_batchnorm(keras2), devices, method="towers", sync_batchnorm=False)
     with pytest.raises(ValueError, match="clone_model can clone"):
         harness.parallelize(_subclassed_with_batchnorm(keras2), devices, method="mirrored", sync_batchnorm=False)
+
+
+# -- emulated devices and ratios="auto" (all figures here are emulated devices', DESIGN.md) ----------
+def _compare_emulated(k, devices, method, name, n, batch_size, ratios, emulate=None, epochs=2, optimizer=None,
+             callbacks=None):
+    """``compare_training`` of a Keras 2 model parallelised with ``emulate``; returns ``(report, parallel)``."""
+    made = []
+
+    def parallelize(template, devs, ratios):  # compare_training's hook for options it does not pass on
+        made.append(harness.parallelize(template, devs, ratios=ratios, method=method, emulate=emulate))
+        return made[0]
+
+    x, y = _data(name, n)
+    report = harness.compare_training(
+        lambda: BUILDERS[name](k), x, y, devices=devices, ratios=ratios, method=parallelize,
+        batch_size=batch_size, epochs=epochs, optimizer=optimizer or (lambda: k.optimizers.SGD(0.05, momentum=0.5)),
+        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), callbacks=callbacks)
+    return report, made[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_auto_ratios_converge_to_the_emulated_speeds_and_stay_exact(logical_devices, keras2, method):
+    # As the Keras 3 test (test_rebalance.py): 1000 and 400 samples/s, device 1 with 20 ms per step more;
+    # equal step times: b0 / 1000 = 20 ms + b1 / 400 with b0 + b1 = 70 -> b0 = 55.7.
+    report, parallel = _compare_emulated(keras2, logical_devices[:2], method, "dense", 1400, 70, ratios="auto",
+                                emulate="1000,400::20")
+    rebalancer = parallel.rebalancer
+    assert isinstance(rebalancer, keras2.callbacks.Callback) and is_rebalance(rebalancer)
+    assert report.steps == rebalancer.steps == 40
+    assert any(entry["resplit"] for entry in rebalancer.history)
+    assert rebalancer.history[-1]["batches"] in ([55, 15], [56, 14], [57, 13])
+    assert report.max_deviation <= 1e-6, report.table()
+    np.testing.assert_allclose(report.loss_parallel, report.loss_single, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dense_bn", "activity"])
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_devices_stay_exact(logical_devices, keras2, method, name):
+    # 61 at batch 20: the last batch of 1 runs the single-device step with the devices' begin ops in place;
+    # dense_bn (towers): whole-batch BatchNormalization over gated slices.
+    report, parallel = _compare_emulated(keras2, logical_devices[:3], method, name, 61, 20, ratios=[3, 2, 1],
+                                emulate="20000,10000,5000")
+    assert report.steps == 8 and report.max_deviation <= 1e-6, report.table()
+    busy = parallel.emulator.busy_between(0, float("inf"))
+    # The two 1-sample batches ran the single-device step: no device's work, nothing logged.
+    assert [(busy[d].steps, busy[d].samples) for d in parallel.devices] == [(6, 60), (6, 42), (6, 18)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_time_devices_logs_each_devices_busy_time(logical_devices, keras2, method):
+    k, devices = keras2, logical_devices[:2]
+    x, y = _data("dense", 96)
+    parallel = harness.parallelize(_dense(k), devices, ratios=[3, 1], method=method)
+    emulator = parallel.time_devices()
+    assert emulator is parallel.emulator and emulator.timed == tuple(devices) and not emulator.devices
+    parallel.compile(optimizer="sgd", loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    parallel.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 12 steps of 12 + 4 samples
+    busy = emulator.busy_between(0, float("inf"))
+    assert [(busy[d].steps, busy[d].samples) for d in devices] == [(12, 144), (12, 48)]
+    assert all(busy[d].seconds > 0 for d in devices)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_devices_run_at_their_rates(logical_devices, keras2, method):
+    k, devices = keras2, logical_devices[:2]
+    x, y = _data("dense", 480)
+    parallel = harness.parallelize(_dense(k), devices, ratios=[2, 1], method=method, emulate="2000,1000")
+    parallel.compile(optimizer="sgd", loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    parallel.fit(x, y, batch_size=60, epochs=1, verbose=0)  # 8 steps of 40 + 20 samples: 20 ms each
+    busy = parallel.emulator.busy_between(0, float("inf"))
+    assert [busy[d].samples for d in devices] == [320, 160]
+    # Busy time is the emulated time when the real work is shorter (a loaded machine adds a little).
+    assert [busy[d].rate for d in devices] == pytest.approx([2000, 1000], rel=0.2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_users_rebalance_replaces_the_built_in_one(logical_devices, keras2, method):
+    rebalance = rebalance_class(keras2)(every=2, tolerance=0.0, warmup=1)
+    report, parallel = _compare_emulated(keras2, logical_devices[:2], method, "dense", 64, 8, ratios="auto", epochs=3,
+                                callbacks=[rebalance])
+    assert report.steps == 24 and report.max_deviation <= 1e-6, report.table()
+    assert len(rebalance.history) >= 5 and not parallel.rebalancer.history  # the user's ran, the built-in did not
+    assert all(entry["batch"] == 8 and sum(entry["batches"]) == 8 for entry in rebalance.history)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_mixed_precision(logical_devices, keras2, method):
+    # The emulated step unscales the LossScaleOptimizer's gradients itself (it does not call minimize).
+    k = keras2
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        report, _ = _compare_emulated(
+            k, logical_devices[:2], method, "dense", 61, 20, ratios=[3, 1], emulate="20000,10000",
+            optimizer=lambda: k.mixed_precision.LossScaleOptimizer(k.optimizers.SGD(0.05), dynamic=False,
+                                                                   initial_scale=1024))
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+    assert report.max_deviation <= 1e-3, report.table()  # float16 rounding, as test_mixed_precision
+
+
+def test_rebalance_refuses_a_plain_keras2_model(logical_devices, keras2):
+    x, y = _data("dense", 16)
+    model = _dense(keras2)
+    model.compile(optimizer="sgd", loss=keras2.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(TypeError, match="made by harness.parallelize.*got Sequential"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[rebalance_class(keras2)()])
+
+
+def test_a_rebalance_of_another_keras_is_refused_by_name(logical_devices, keras2):
+    # Without the check, tf_keras' fit fails on a Keras 3 callback with "'Rebalance' object has no
+    # attribute '_implements_train_batch_hooks'".
+    if rebalance_class(keras2) is harness.Rebalance:
+        pytest.skip("TF 2.15: harness.Rebalance is this Keras 2's callback already")
+    x, y = _data("dense", 16)
+    parallel = harness.parallelize(_dense(keras2), logical_devices[:2], method="towers")
+    parallel.compile(optimizer="sgd", loss=keras2.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(TypeError, match=r"needs a tf_keras callback; use .*rebalance_class\(tf_keras\)"):
+        parallel.fit(x, y, epochs=1, verbose=0, callbacks=[harness.Rebalance()])

@@ -1,20 +1,16 @@
-"""The regression suite on Keras 2 models: tf_keras under TF_USE_LEGACY_KERAS=1, or TF 2.15's keras.
+"""The regression suite on Keras 2 models: tf_keras (with or without TF_USE_LEGACY_KERAS=1), TF 2.15's keras.
 
 The same guards as the Keras 3 files beside this one, each naming what it guards, run on models
-built with the Keras 2 module of the environment (the matrix's `legacy` and `tf215` envs); skipped,
-with that reason, where there is no Keras 2. Guards: TF 2.16 swapping tf.keras from Keras 2 to
-Keras 3 and seed 001's version sensitivity ("it worked on 1.9, crashed on 1.10").
+built with the environment's Keras 2 module (the plugin's `keras2` fixture: the dev env's tf-keras,
+the matrix's `legacy` and `tf215` envs); skipped, with that reason, where there is none. Guards:
+TF 2.16 swapping tf.keras from Keras 2 to Keras 3, and seed 001's version sensitivity ("it worked
+on 1.9, crashed on 1.10"). The step watchdog's Keras 2 case is in test_watchdog.py.
 """
-
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import harness
-from harness.watchdog import EXIT_STATUS
 from harness.workloads import small
 
 METHODS = ["towers", "mirrored"]
@@ -163,48 +159,3 @@ def test_jit_compile_off_is_exact_and_on_is_refused(logical_devices, k, method):
     parallel = harness.parallelize(small.build("dense", keras=k), logical_devices[:2], ratios=[3, 2], method=method)
     with pytest.raises(ValueError, match="cannot be compiled with jit_compile=True: the ratio split's sizes"):
         parallel.compile(optimizer="sgd", loss=small.loss(k), jit_compile=True)
-
-
-HANG = """
-import importlib, sys, time
-import numpy as np
-import tensorflow as tf
-import harness
-
-devices = harness.use_logical_devices(2)
-k = importlib.import_module(sys.argv[1])  # the Keras 2 module: tf_keras, or TF 2.15's keras
-calls = [0]
-
-
-def stall(x):
-    calls[0] += 1
-    if calls[0] > 4:  # two replicas x two steps, then one replica never comes back
-        time.sleep(600)
-    return x
-
-
-class Stall(k.layers.Layer):
-    def call(self, x):
-        y = tf.py_function(stall, [x], x.dtype)
-        y.set_shape(x.shape)
-        return y
-
-
-model = k.Sequential([k.Input((4,)), k.layers.Dense(3), Stall(), k.layers.Dense(1)])
-parallel = harness.parallelize(model, devices, ratios=[1, 1], method="mirrored")
-parallel.compile(optimizer="sgd", loss="mse")
-print("fitting", flush=True)
-parallel.fit(np.ones((64, 4), "float32"), np.ones((64, 1), "float32"), batch_size=8, epochs=1, verbose=0,
-             callbacks=[harness.step_watchdog(timeout_s=5, first_timeout_s=60, model=parallel)])
-print("finished", flush=True)
-"""
-
-
-def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout(k):
-    # seed 001's crash "without warning"; a collective that never completes must not hang CI.
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HANG, k.__name__], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == EXIT_STATUS, (proc.returncode, proc.stderr[-3000:])
-    assert "finished" not in proc.stdout
-    assert "harness watchdog: training step 3 has not finished after" in proc.stderr
-    assert time.monotonic() - start < 200

@@ -15,13 +15,13 @@ import pytest
 from harness.watchdog import EXIT_STATUS, Watchdog
 
 HANG = """
-import time
+import importlib, sys, time
 import numpy as np
-import keras
 import tensorflow as tf
 import harness
 
 devices = harness.use_logical_devices(2)
+k = importlib.import_module(sys.argv[1])  # keras, or a Keras 2 module (tf_keras)
 calls = [0]
 
 
@@ -32,27 +32,30 @@ def stall(x):
     return x
 
 
-class Stall(keras.layers.Layer):
+class Stall(k.layers.Layer):
     def call(self, x):
         y = tf.py_function(stall, [x], x.dtype)
         y.set_shape(x.shape)
         return y
 
 
-model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), Stall(), keras.layers.Dense(1)])
+model = k.Sequential([k.Input((4,)), k.layers.Dense(3), Stall(), k.layers.Dense(1)])
 parallel = harness.parallelize(model, devices, ratios=[1, 1], method="mirrored")
 parallel.compile(optimizer="sgd", loss="mse")
 x = np.ones((64, 4), "float32")
 print("fitting", flush=True)
 parallel.fit(x, np.ones((64, 1), "float32"), batch_size=8, epochs=1, verbose=0,
-             callbacks=[harness.step_watchdog(timeout_s=5, first_timeout_s=60)])
+             callbacks=[harness.step_watchdog(timeout_s=5, first_timeout_s=60, model=parallel)])
 print("finished", flush=True)
 """
 
 
-def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout():
+@pytest.mark.parametrize("flavour", ["keras", "keras2"])
+def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout(request, flavour):
+    # keras: the `keras` package's model; keras2: a Keras 2 model (the plugin's keras2 fixture).
+    module = "keras" if flavour == "keras" else request.getfixturevalue("keras2").__name__
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HANG], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-c", HANG, module], capture_output=True, text=True, timeout=240)
     took = time.monotonic() - start
     assert proc.returncode == EXIT_STATUS, (proc.returncode, proc.stderr[-3000:])
     assert "finished" not in proc.stdout

@@ -1,0 +1,212 @@
+"""What every parallel model shares, Keras 3 or Keras 2: the split, timing, rebalancing, saving.
+
+``ParallelCommon`` is mixed in before the Keras ``Model`` of each parallel
+model (``base.ParallelModel`` for Keras 3; the towers and mirrored models of
+``keras2`` and ``keras2_mirrored``). It imports no Keras: where a Keras class is
+needed, it is the one of the model's own Keras (``compat.keras_module_of``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from harness.parallel import Untracked
+from harness.split import shares, validate_ratios
+
+__all__ = ["ParallelCommon"]
+
+CALLBACKS_POSITION = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+
+
+class ParallelCommon:
+    """The split, emulated/timed devices, ``ratios="auto"``, XLA refusal and template saving."""
+
+    devices: tuple[str, ...]
+    ratios: tuple[float, ...]
+    merge_device: str
+    template: Any
+    train_function: Any
+    test_function: Any
+    predict_function: Any
+    make_train_function: Any
+
+    def _init_common(self, devices, ratios, merge_device: str, emulator=None) -> None:
+        """Sets devices, ratios, the split variable, the emulator and the (empty) rebalancer."""
+        self._emulator_ref = Untracked(emulator)
+        self._rebalancer_ref = Untracked(None)
+        self.devices = tuple(devices)
+        self.ratios = validate_ratios(ratios, len(self.devices))
+        self.merge_device = merge_device
+        # The split the step functions read: a variable, so set_ratios needs no retrace. Untracked:
+        # it is no weight of the model (saving and get_weights never see it). tf.data hands batches
+        # over on the host: the split is cut there.
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            shares_var = tf.Variable(shares(self.ratios), dtype=tf.float64, trainable=False, name="split_shares")
+        self._shares_ref = Untracked(shares_var)
+
+    # -- the split ---------------------------------------------------------------
+    def set_ratios(self, ratios) -> tuple[float, ...]:
+        """Splits the following batches by ``ratios``: same global batch, no retrace, still exact.
+
+        The step functions read the split from a variable, so this takes effect
+        from the next step, also between the steps of a running ``fit`` (what
+        ``harness.Rebalance`` does). The in-graph split stays the one of
+        ``harness.split.split_batch`` bit for bit.
+
+        Args:
+            ratios: one positive finite number per device.
+
+        Returns:
+            The ratios as floats (also ``self.ratios``).
+
+        Raises:
+            TypeError, ValueError: as ``harness.split.validate_ratios``.
+
+        Example:
+            >>> parallel.set_ratios([1000, 400])  # device 1 throttled to 400 samples/s
+        """
+        values = validate_ratios(ratios, len(self.devices))
+        self._shares_ref.value.assign(shares(values))
+        self.ratios = values
+        return values
+
+    # -- emulated and timed devices ---------------------------------------------
+    @property
+    def emulator(self):
+        """The ``harness.emulate.Emulator`` slowing devices down or timing them, or None."""
+        return self._emulator_ref.value
+
+    @property
+    def rebalancer(self):
+        """The built-in ``Rebalance`` of ``ratios="auto"`` (a callback of the model's Keras), else None."""
+        return self._rebalancer_ref.value
+
+    def time_devices(self):
+        """Logs every device's busy time; returns the ``Emulator`` that holds the log.
+
+        A model built without ``emulate`` gets ``Emulator({}, timed=devices)``:
+        its devices run at their own speed, their begin/end ops only stamp the
+        time (what ``Rebalance`` measures). Adding devices to the log rebuilds
+        the step functions once, so call it before training or from a
+        callback's ``on_train_begin``.
+        """
+        from harness.emulate import Emulator
+
+        emulator = self.emulator
+        missing = [d for d in self.devices if emulator is None or d not in emulator.logged]
+        if not missing:
+            return emulator
+        if emulator is None:
+            self._emulator_ref.value = Emulator({}, timed=self.devices)
+        else:
+            emulator.add_timed(missing)
+        # The step functions are traced with or without the begin/end ops: trace them again.
+        if self.train_function is not None:
+            self.make_train_function(force=True)
+        self.test_function = None
+        self.predict_function = None
+        return self.emulator
+
+    def _begin_device(self, device: str, x):
+        """``(x, token)``: the device's slice, gated on its emulated start (if emulated or timed)."""
+        return (x, None) if self.emulator is None else self.emulator.begin(device, x)
+
+    def _end_device(self, device: str, y, token):
+        """The device's output, gated on its emulated finish (if emulated or timed)."""
+        return y if token is None else self.emulator.end(device, y, token)
+
+    # -- compile: never XLA -----------------------------------------------------
+    def compile(self, *args, jit_compile=None, **kwargs):
+        """As ``Model.compile``, without XLA: ``"auto"`` (Keras 3) or None means off, ``True`` is refused.
+
+        Keras 3's ``"auto"`` turns XLA on wherever a GPU is visible. The split
+        sizes are tensors (partial batches, ``set_ratios``), which XLA needs as
+        compile-time constants, and XLA cannot read variables placed on other
+        devices (keras-team/keras#19005): the step would fail on the first GPU box.
+        """
+        if jit_compile is True:
+            raise ValueError(
+                "parallel models cannot be compiled with jit_compile=True: the ratio split's sizes change per "
+                "batch (partial batches, set_ratios) and XLA needs them as compile-time constants, and XLA cannot "
+                "read variables placed on other devices; use jit_compile=False (what 'auto' means here)"
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+
+    # -- training keeps the template current; ratios="auto" adds its rebalancer ------------
+    def fit(self, *args, **kwargs):
+        self._check_rebalance(args, kwargs)
+        if self.rebalancer is not None:
+            args, kwargs = self._with_rebalancer(args, kwargs)
+        try:
+            return super().fit(*args, **kwargs)
+        finally:
+            self.sync_to_template()
+
+    def _given_callbacks(self, args, kwargs):
+        return args[CALLBACKS_POSITION] if len(args) > CALLBACKS_POSITION else kwargs.get("callbacks")
+
+    def _check_rebalance(self, args, kwargs) -> None:
+        """Refuses a ``Rebalance`` of another Keras, which this Keras' ``fit`` would fail on obscurely."""
+        from harness.compat import keras_module_of
+        from harness.tuning.rebalance import is_rebalance
+
+        k = keras_module_of(self)
+        given = self._given_callbacks(args, kwargs)
+        given = given.callbacks if isinstance(given, k.callbacks.CallbackList) else list(given or [])
+        if any(is_rebalance(c) and not isinstance(c, k.callbacks.Callback) for c in given):
+            raise TypeError(f"this is a {k.__name__} model: its fit needs a {k.__name__} callback; use "
+                            f"harness.tuning.rebalance.rebalance_class({k.__name__})(...) instead of harness.Rebalance")
+
+    def _with_rebalancer(self, args, kwargs):
+        """``fit``'s arguments with the built-in rebalancer added, unless the caller passed a ``Rebalance``."""
+        from harness.compat import keras_module_of
+        from harness.tuning.rebalance import is_rebalance
+
+        args = list(args)
+        positional = len(args) > CALLBACKS_POSITION
+        given = self._given_callbacks(args, kwargs)
+        if isinstance(given, keras_module_of(self).callbacks.CallbackList):
+            if not any(is_rebalance(c) for c in given.callbacks):
+                given.callbacks.append(self.rebalancer)
+                self.rebalancer.set_model(self)
+            return tuple(args), kwargs
+        given = list(given or [])
+        if not any(is_rebalance(c) for c in given):
+            given.append(self.rebalancer)
+        if positional:
+            args[CALLBACKS_POSITION] = given
+        else:
+            kwargs["callbacks"] = given
+        return tuple(args), kwargs
+
+    # -- persistence: always the plain single-device model -------------------
+    def sync_to_template(self) -> None:
+        """Copies trained weights into the template (no-op when they are shared).
+
+        ``fit`` and the save methods call it; after ``train_on_batch`` loops call
+        it yourself (not per step: for mirrored models it copies every weight).
+        """
+
+    def _sync_from_template(self) -> None:
+        """Copies template weights into the trained model (no-op when shared)."""
+
+    def save(self, filepath, *args, **kwargs):
+        """Saves the template model, loadable by ``load_model`` without harness."""
+        self.sync_to_template()
+        return self.template.save(filepath, *args, **kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        self.sync_to_template()
+        return self.template.save_weights(filepath, *args, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        status = self.template.load_weights(filepath, *args, **kwargs)
+        self._sync_from_template()
+        return status
+
+    def get_config(self):
+        raise NotImplementedError(
+            "a parallel model is not serialised itself: save() writes the single-device template model"
+        )
