@@ -124,27 +124,23 @@ def _towers_class(k):
                 with tf.device(self.merge_device):
                     weights = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
                     extra = [tf.cast(loss, tf.float32) * weights[i] for i, tower in enumerate(losses) for loss in tower]
-                    return slicing.concat_structures(outputs), _sum(extra)
+                    return slicing.concat_structures(outputs), layerwise.add_all(extra)
 
             def single():  # fewer samples than devices: the single-device step itself
                 with tf.device(self.merge_device):
                     y_pred = self.template(x, training=training)
-                    return y_pred, _sum([tf.cast(loss, tf.float32) for loss in layerwise.own_losses(self.template)])
+                    return y_pred, layerwise.add_all(layerwise.own_losses(self.template))
 
             if len(self.devices) == 1:
                 return (*parallel(), pending)
             return (*tf.cond(n >= len(self.devices), parallel, single), pending)
 
-        def _penalties(self):
-            # Weight regularisation: a function of the weights, once per step (template.losses after
-            # each tower would add it once per tower).
-            return [loss() for layer in self.template._flatten_layers() for loss in layer._callable_losses]
-
         def train_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
             with tf.GradientTape() as tape:
                 y_pred, extra, pending = self._forward(x, training=True, watch=tape.watch)
-                loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
+                regularization = [extra, *layerwise.penalties(self.template)]  # weight penalties once per step
+                loss = self.compiled_loss(y, y_pred, sample_weight, regularization_losses=regularization)
                 scaled = self.optimizer.get_scaled_loss(loss) if pending and is_loss_scaling(k, self.optimizer) \
                     else loss
             if not pending:
@@ -166,7 +162,8 @@ def _towers_class(k):
         def test_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
             y_pred, extra, _ = self._forward(x, training=False)
-            self.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra, *self._penalties()])
+            regularization = [extra, *layerwise.penalties(self.template)]
+            self.compiled_loss(y, y_pred, sample_weight, regularization_losses=regularization)
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
         def predict_step(self, data):
@@ -203,7 +200,3 @@ def build(template, devices: list[str], ratios, merge_device: str, *, method: st
                               emulator=emulator)
     return _towers_class(keras_module_of(template))(template, devices, ratios, merge_device, sync_batchnorm,
                                                     emulator)
-
-
-def _sum(values: list):
-    return tf.add_n(values) if values else tf.zeros((), tf.float32)

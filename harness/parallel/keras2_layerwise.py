@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from harness.parallel.keras2_batchnorm import batchnorm_refusal, batchnorm_towers, is_batchnorm
 
-__all__ = ["graph_of", "has_batchnorm", "own_losses", "run_towers"]
+__all__ = ["graph_of", "has_batchnorm", "own_losses", "penalties", "add_all", "run_towers"]
 
 
 def graph_of(model):
@@ -46,8 +46,20 @@ def _enter_call(model, inputs, training):
 
 
 def own_losses(layer) -> list:
-    """The losses ``layer`` and its sublayers added in their last call (activity regularisers, ``add_loss``)."""
+    """The losses ``layer`` and its sublayers added in their last call in this thread (activity
+    regularisers, ``add_loss``); inside ``tf.function`` Keras 2 keeps them thread-local, per replica."""
     return [loss for sub in layer._flatten_layers() for loss in sub._eager_losses]
+
+
+def penalties(model) -> list:
+    """Weight regularisation: a function of the weights only, counted once per step (not once per device)."""
+    return [loss() for layer in model._flatten_layers() for loss in layer._callable_losses]
+
+
+def add_all(values) -> tf.Tensor:
+    """The float32 sum of a (nested) list of losses; 0 for none."""
+    values = [tf.cast(v, tf.float32) for v in tf.nest.flatten(values)]
+    return tf.add_n(values) if values else tf.zeros((), tf.float32)
 
 
 def run_towers(model, parts: list, devices: Sequence[str], merge_device: str, training: bool):

@@ -41,6 +41,7 @@ from harness.parallel.collective import replica_device, strategy_for, sum_replic
 from harness.parallel.common import ParallelCommon
 from harness.parallel.keras2 import apply_finished, is_loss_scaling
 from harness.parallel.keras2_batchnorm import sync_batchnorm_class, unsyncable_batchnorms
+from harness.parallel.keras2_layerwise import add_all, own_losses, penalties
 
 __all__ = ["build_mirrored"]
 
@@ -125,22 +126,7 @@ def _compiled_loss_value(internals, container, y_true, y_pred, sample_weight):
         sw = losses_utils.apply_mask(y_p, sw, losses_utils.get_mask(y_p))
         value = loss_obj(y_t, y_p, sample_weight=sw)
         values.append(value if loss_weight is None else value * loss_weight)
-    return _add_all(values)
-
-
-def _call_losses(model) -> list:
-    """Losses its layers added during the last call in this thread (activity regularisers, ``add_loss``)."""
-    return [loss for layer in model._flatten_layers() for loss in layer._eager_losses]
-
-
-def _penalties(model) -> list:
-    """Weight regularisation: a function of the weights only, counted once per step."""
-    return [loss() for layer in model._flatten_layers() for loss in layer._callable_losses]
-
-
-def _add_all(values) -> tf.Tensor:
-    values = [tf.cast(v, tf.float32) for v in tf.nest.flatten(values)]
-    return tf.add_n(values) if values else tf.zeros((), tf.float32)
+    return add_all(values)
 
 
 def _uses_sum_reduction(k, loss) -> bool:
@@ -235,12 +221,12 @@ def _mirrored_class(k):
                 with tf.GradientTape() as tape:
                     y_local = self.core(x_local, training=True)
                     # Keras 2 divides an activity regulariser by the slice's size: n_i/N makes it the batch's.
-                    extra = _add_all(_call_losses(self.core)) * tf.gather(fractions, replica)
+                    extra = add_all(own_losses(self.core)) * tf.gather(fractions, replica)
                     start = tf.gather(starts, replica)
                     y_pred = tf.nest.map_structure(lambda t: whole_batch(ctx, t, start, n), y_local)
                     main = _compiled_loss_value(internals, self.compiled_loss, y, y_pred, sample_weight)
                     # The same on every replica, and its gradients are summed over the replicas.
-                    penalty = _add_all(_penalties(self.core))
+                    penalty = add_all(penalties(self.core))
                     objective = main + extra + penalty / replicas
                     scaling = token is not None and is_loss_scaling(k, self.optimizer)
                     scaled = self.optimizer.get_scaled_loss(objective) if scaling else objective
@@ -262,7 +248,7 @@ def _mirrored_class(k):
             with self.strategy.scope(), tf.GradientTape() as tape:
                 with tf.device(self.merge_device):
                     y_pred = self.core(x, training=True)
-                    extra = _add_all(_call_losses(self.core)) + _add_all(_penalties(self.core))
+                    extra = add_all(own_losses(self.core)) + add_all(penalties(self.core))
                     loss = _compiled_loss_value(internals, self.compiled_loss, y, y_pred, sample_weight) + extra
                     scaling = isinstance(self.optimizer, k.mixed_precision.LossScaleOptimizer)
                     scaled = self.optimizer.get_scaled_loss(loss) if scaling else loss
@@ -291,7 +277,7 @@ def _mirrored_class(k):
                 replica, device = ctx.replica_id_in_sync_group, replica_device(self.devices, ctx)
                 x_local, token = self._begin_device(device, x_local)
                 y_local = self._end_device(device, self.core(x_local, training=False), token)
-                return y_local, _add_all(_call_losses(self.core)) * tf.gather(fractions, replica)
+                return y_local, add_all(own_losses(self.core)) * tf.gather(fractions, replica)
 
             y_local, extra = self.strategy.run(replica_forward, args=(x_parts,))
             with tf.device(self.merge_device):
@@ -301,7 +287,7 @@ def _mirrored_class(k):
         def _forward(self, x):
             def single():
                 with tf.device(self.merge_device):
-                    return self.core(x, training=False), _add_all(_call_losses(self.core))
+                    return self.core(x, training=False), add_all(own_losses(self.core))
 
             return self._by_batch_size(x, lambda: self._parallel_forward(x), single)
 
@@ -320,7 +306,7 @@ def _mirrored_class(k):
         def test_step(self, data):
             x, y, sample_weight = k.utils.unpack_x_y_sample_weight(data)
             y_pred, extra = self._forward(x)
-            return self._report(x, y, y_pred, sample_weight, extra + _add_all(_penalties(self.core)))
+            return self._report(x, y, y_pred, sample_weight, extra + add_all(penalties(self.core)))
 
         def predict_step(self, data):
             x, _, _ = k.utils.unpack_x_y_sample_weight(data)
