@@ -26,6 +26,7 @@ class Tuner:
     def setup(self, record):
         if "error" in record:
             raise NotImplementedError(record["error"])
+        common.refuse_host_bound(record.get("host_bound"), "harness.tune's profiles and verification")
         self.tuned = record["verify"]["tuned"]
         if self.tuned["status"] != "complete":
             raise RuntimeError(f"the tuned split {self.tuned['batches']} did not run: {self.tuned['error']}")

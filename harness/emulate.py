@@ -23,6 +23,13 @@ Every begin/end pair is logged with its device and sample count: the device's
 busy time, from which per-device figures are measured, not derived. The log
 keeps the latest ``Emulator.MAX_EVENTS`` pairs (a rebalanced model logs every
 step of its training), in the order they ended.
+
+An emulation is only valid while the host computes a device's slice faster than
+its emulated time: the end op can lengthen a step, never shorten it. So each
+step also logs the real work time (begin to the end op's start, before it
+sleeps) and whether it ran past its emulated deadline (*late*). A device late
+in more than ``HOST_BOUND_SHARE`` of its steps is *host-bound*: its figures are
+this host's speed, not the emulated device's (``BusyTime.host_bound``).
 """
 
 from __future__ import annotations
@@ -34,10 +41,16 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "add_zero"]
+__all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "Event", "HOST_BOUND_SHARE", "add_zero",
+           "host_bound_text"]
+
+# A device late in more than this share of its steps is host-bound. One step in ten may meet a busy
+# moment of the host (another process, a page fault) without making the window's figure this CPU's.
+HOST_BOUND_SHARE = 0.1
 
 _ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]*)\s*)?(?::\s*([^:\s]+)\s*)?$")
 
@@ -121,19 +134,71 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
     return tuple(devices)
 
 
+class Event(NamedTuple):
+    """One logged step of one device: its begin and end stamps (``time.perf_counter``) and what it did.
+
+    ``work`` is the real time of the step's computation (begin to the end op's
+    start, before any sleep); ``late`` says an emulated device's work ran past
+    its emulated deadline (the emulation could not slow it down to its rate).
+    """
+
+    device: str
+    start: float
+    end: float
+    samples: int
+    work: float | None = None  # None: end - start (a timed device never sleeps)
+    late: bool = False
+
+
 @dataclass(frozen=True)
 class BusyTime:
-    """What one emulated device did in a time range."""
+    """What one emulated or timed device did in a time range.
+
+    ``work_seconds`` is the real computing time of those steps (all of their
+    busy time for a timed device); ``late_steps`` counts the steps whose real
+    work ran past the emulated deadline.
+    """
 
     device: str
     seconds: float
     samples: int
     steps: int
+    work_seconds: float = 0.0
+    late_steps: int = 0
 
     @property
     def rate(self) -> float | None:
         """Samples per busy second: the device's own speed while it works."""
         return self.samples / self.seconds if self.seconds > 0 else None
+
+    @property
+    def host_rate(self) -> float | None:
+        """Samples per second of real work: the fastest this host ran the device's slices."""
+        return self.samples / self.work_seconds if self.work_seconds > 0 else None
+
+    @property
+    def late_share(self) -> float:
+        """The share of steps whose real work ran past the emulated deadline."""
+        return self.late_steps / self.steps if self.steps else 0.0
+
+    @property
+    def host_bound(self) -> bool:
+        """Late in more than ``HOST_BOUND_SHARE`` of the steps: the figures are the host's, not the emulation's."""
+        return self.late_share > HOST_BOUND_SHARE
+
+
+def host_bound_text(entries) -> str:
+    """One line naming host-bound devices: ``entries`` of ``{"device", "emulated_rate", "host_rate", "late_share"}``.
+
+    Example:
+        ``host_bound_text([{"device": "/device:CPU:0", "emulated_rate": 40000.0, "host_rate": 9800.0,
+        "late_share": 1.0}])`` is ``"host-bound: /device:CPU:0 emulates 40000 samples/s but this host
+        computes its slices at 9800 (late in 100% of steps): these figures are the host's speed, ..."``
+    """
+    parts = [f"{e['device']} emulates {e['emulated_rate']:.0f} samples/s but this host computes its slices at "
+             f"{'?' if e['host_rate'] is None else format(e['host_rate'], '.0f')} "
+             f"(late in {100 * e['late_share']:.0f}% of steps)" for e in entries]
+    return "host-bound: " + "; ".join(parts) + ": these figures are the host's speed, not the emulated devices'"
 
 
 class Emulator:
@@ -154,7 +219,7 @@ class Emulator:
         self.devices = dict(devices)
         self.timed = tuple(d for d in timed if d not in self.devices)
         self._lock = threading.Lock()
-        self._events: list[tuple[str, float, float, int]] = []
+        self._events: list[Event] = []
 
     def __repr__(self) -> str:
         timed = f"; timed {', '.join(self.timed)}" if self.timed else ""
@@ -232,8 +297,9 @@ class Emulator:
             now = time.perf_counter()
             if deadline > now:
                 time.sleep(deadline - now)
+            late = spec is not None and now > deadline  # the host could not keep up with the emulated rate
             with self._lock:  # stamped under the lock: the log stays in order of end time
-                self._events.append((device, t0, time.perf_counter(), count))
+                self._events.append(Event(device, t0, time.perf_counter(), count, now - t0, late))
                 if len(self._events) > self.MAX_EVENTS:
                     del self._events[: len(self._events) // 2]
             return np.float32(0.0)
@@ -252,17 +318,20 @@ class Emulator:
 
     # -- the log -------------------------------------------------------------
     def busy_between(self, t0: float, t1: float) -> dict[str, BusyTime]:
-        """Busy time and samples per device of the work that ended in ``(t0, t1]``."""
-        totals = {d: [0.0, 0, 0] for d in self.logged}
+        """Busy time, real work and samples per device of the work that ended in ``(t0, t1]``."""
+        totals = {d: [0.0, 0, 0, 0.0, 0] for d in self.logged}
         with self._lock:
             events = self._events[_first_ending_after(self._events, t0):]
-        for device, start, end, count in events:
-            if end <= t1:
-                total = totals[device]
-                total[0] += end - max(start, t0)
-                total[1] += count
+        for event in events:
+            if event.end <= t1:
+                total = totals[event.device]
+                start = max(event.start, t0)
+                total[0] += event.end - start
+                total[1] += event.samples
                 total[2] += 1
-        return {d: BusyTime(d, s, n, k) for d, (s, n, k) in totals.items()}
+                total[3] += event.end - event.start if event.work is None else event.work  # whole: with its samples
+                total[4] += bool(event.late)
+        return {d: BusyTime(d, s, n, k, w, late) for d, (s, n, k, w, late) in totals.items()}
 
     def clear(self) -> None:
         with self._lock:

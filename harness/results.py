@@ -74,6 +74,7 @@ class RecordKind(str, Enum):
     RUN = "run"
     COMPARE = "compare"
     TUNE = "tune"
+    CALIBRATE = "calibrate"
 
 
 class RecordStatus(str, Enum):

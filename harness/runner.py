@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
 from harness.emulate import EmulatedDevice
 
-__all__ = ["RunMethod", "RunConfig", "run_one", "build_model", "gpu_index", "SOURCES"]
+__all__ = ["RunMethod", "RunConfig", "run_one", "build_model", "gpu_index", "host_bound", "SOURCES"]
 
 SOURCES = {
     "emulated": "emulated device: its own busy time (begin/end of its slice)",
@@ -169,6 +170,9 @@ def run_one(
         ``{"config", "status" ("complete" | "oom"), "windows", "summary", "input", "error"}``,
         plus ``"rebalance"`` (``Rebalance.history``) when rebalancing.
         Out-of-memory (real or emulated) is a result, not an exception.
+        ``summary["host_bound"]`` lists the emulated devices this host could
+        not slow down to their rates (``host_bound(result)``): their figures
+        are the host's speed, not the emulation's.
     """
     import tensorflow as tf
 
@@ -294,6 +298,9 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
 
     When the batches changed during the window (rebalancing), a device's
     samples/s counts the samples its logged steps did, not batch x steps.
+    Emulated devices also report the real work behind their busy time: how many
+    steps ran past their emulated deadline and the rate this host computed them
+    at; ``host_bound`` lists the devices whose figures are the host's speed.
     """
     busy = emulator.busy_between(window.start, window.end) if emulator is not None else {}
     gpu_stats = telemetry.window(window.start, window.end) if telemetry is not None else {}
@@ -306,12 +313,17 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
         if device in busy:
             row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
                        busy_rate=busy[device].rate)
+        if row["source"] == "emulated":
+            row.update(emulated_rate=emulator.devices[device].rate, logged_steps=busy[device].steps,
+                       late_steps=busy[device].late_steps, host_rate=busy[device].host_rate,
+                       host_bound=busy[device].host_bound)
         stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None
         if stats:
             row["telemetry"] = {name: asdict(s) for name, s in stats.items()}
         devices.append(row)
     return {"index": window.index, "seconds": window.seconds, "steps": window.steps, "samples": window.samples,
-            "samples_per_second": window.samples_per_second, "devices": devices}
+            "samples_per_second": window.samples_per_second, "devices": devices,
+            "host_bound": [d["device"] for d in devices if d.get("host_bound")]}
 
 
 def _summary(windows: Sequence[dict]) -> dict:
@@ -326,8 +338,28 @@ def _summary(windows: Sequence[dict]) -> dict:
         if "busy_fraction" in first:
             entry["busy_fraction"] = summarize([r["busy_fraction"] for r in rows])
             entry["busy_rate"] = summarize([r["busy_rate"] for r in rows if r["busy_rate"] is not None])
+        if "late_steps" in first:
+            entry.update(_host_figures(rows))
         out["devices"].append(entry)
+    out["host_bound"] = [{"device": d["device"], "emulated_rate": d["emulated_rate"], "host_rate": d["host_rate"],
+                          "late_share": d["late_share"]} for d in out["devices"] if d.get("host_bound")]
     return out
+
+
+def _host_figures(rows: Sequence[dict]) -> dict:
+    """An emulated device's steps over all windows: late share, the host's rate, host-bound or not."""
+    from harness.emulate import HOST_BOUND_SHARE
+
+    steps = sum(r["logged_steps"] for r in rows)
+    late = sum(r["late_steps"] for r in rows) / steps if steps else 0.0
+    rates = [r["host_rate"] for r in rows if r["host_rate"] is not None]
+    return {"emulated_rate": rows[-1]["emulated_rate"], "late_share": late,
+            "host_rate": statistics.median(rates) if rates else None, "host_bound": late > HOST_BOUND_SHARE}
+
+
+def host_bound(result: dict) -> list[dict]:
+    """The host-bound devices of a ``run_one`` result (empty when its figures are the emulation's)."""
+    return list((result.get("summary") or {}).get("host_bound") or ())
 
 
 def _oom_line(err: Exception) -> str:

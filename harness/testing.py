@@ -18,6 +18,8 @@ MARKERS = {
     "multi_gpu": "needs at least two NVIDIA GPUs (skipped otherwise)",
     "slow": "takes more than a few seconds (run with --run-slow)",
     "docker": "builds or runs container images (run with --run-docker)",
+    "timing": "asserts measured speeds of emulated devices; must hold on a busy machine (.ci/run also runs "
+              "these beside two CPU hogs)",
 }
 
 

@@ -128,14 +128,33 @@ def run(args) -> int:
         print(f"ratio split from {out.record['ratio_source']}")
         if plot is not None:
             print(f"chart: {plot}")
+    _warn_host_bound(rows)
     return 0
+
+
+def _warn_host_bound(rows: list[dict]) -> None:
+    """One warning line for all configurations whose emulated devices were host-bound (each device's best host rate)."""
+    from harness.emulate import host_bound_text
+    from harness.runner import host_bound
+
+    bound = [row for row in rows if host_bound(row)]
+    if not bound:
+        return
+    merged: dict[str, dict] = {}
+    for entry in (e for row in bound for e in host_bound(row)):
+        seen = merged.setdefault(entry["device"], dict(entry))
+        seen["host_rate"] = max(seen["host_rate"] or 0.0, entry["host_rate"] or 0.0) or None
+        seen["late_share"] = max(seen["late_share"], entry["late_share"])
+    labels = ", ".join(row["label"] for row in bound)
+    print(f"harness compare: warning: {len(bound)} of {len(rows)} configurations ({labels}): "
+          f"{host_bound_text(list(merged.values()))}", file=sys.stderr)
 
 
 def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | None:
     """``harness tune``'s split of ``batch``: profile each device alone, then solve."""
     from harness import workloads
     from harness.tuning.solver import solve_split
-    from harness.tuning.tuner import profile_devices, usable_ceilings
+    from harness.tuning.tuner import host_bound_entries, profile_devices, usable_ceilings
 
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
     specs = setup.emulate or [None] * len(setup.devices)
@@ -145,7 +164,13 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     for probe, _ in probes:
         probe.release()
     ceilings = usable_ceilings(probes, 0.05)
-    out.record["tuning"] = {"devices": records, "usable_ceilings": ceilings}
+    out.record["tuning"] = {"devices": records, "usable_ceilings": ceilings,
+                            "host_bound": host_bound_entries({"devices": records})}
+    if out.record["tuning"]["host_bound"]:
+        from harness.emulate import host_bound_text
+
+        text = host_bound_text(out.record["tuning"]["host_bound"])
+        print(f"harness compare: warning: tuned split's profiles: {text}", file=sys.stderr)
     if batch > sum(ceilings):
         out.record["tuning"]["error"] = (f"global batch {batch} exceeds the devices' memory together "
                                          f"({sum(ceilings)}): no tuned split")
@@ -187,8 +212,17 @@ def comparison_table(rows: list[dict]) -> str:
                       "-" if spread is None else f"{100 * spread:.1f}%",
                       "-" if rel is None else f"{rel:.2f}",
                       " ".join(f"{100 * b:.0f}%" for b in busy if b is not None) or "-",
-                      "ok" if row["status"] == "complete" else f"{row['status']}: {row['error']}"])
+                      _status(row)])
     return format_table(table, ["configuration", "batches", "samples/s", "spread", "vs best", "busy", "status"])
+
+
+def _status(row: dict) -> str:
+    from harness.runner import host_bound
+
+    if row["status"] != "complete":
+        return f"{row['status']}: {row['error']}"
+    bound = host_bound(row)
+    return "ok" if not bound else "HOST-BOUND: " + ", ".join(_short(d["device"]) for d in bound)
 
 
 def _median(row: dict):
@@ -198,12 +232,14 @@ def _median(row: dict):
 
 def _plot(args, out, rows, setup) -> Path | None:
     from harness.report import bar_chart
+    from harness.runner import host_bound
 
     if args.no_save and args.plot is None:
         return None
     path = Path(args.plot) if args.plot else Path(out.path).with_suffix(".png")
     labels = [f"{r['label']}\n{'/'.join(str(b) for b in r['config']['batches'])}" for r in rows]
-    notes = [None if r["status"] == "complete" else r["status"].upper() for r in rows]
+    notes = [r["status"].upper() if r["status"] != "complete" else "HOST-BOUND" if host_bound(r) else None
+             for r in rows]
     spreads = [None if _median(r) is None else (r["summary"]["samples_per_second"]["iqr"] or 0) / 2 for r in rows]
     config = out.record["config"]
     title = f"{config['model']} ({config['size']}), global batch {config['batch']}"

@@ -151,10 +151,22 @@ def run(args) -> int:
         print()
     elif result["status"] == "complete":
         print(summary_text(result, setup))
+    warn_host_bound("run", result)
     if result["status"] != "complete":
         print(f"harness run: {result['status']}: {result['error']}", file=sys.stderr)
         return 1
     return 0
+
+
+def warn_host_bound(command: str, result: dict, label: str = "") -> None:
+    """One warning line on stderr when a run's emulated devices were host-bound."""
+    from harness.emulate import host_bound_text
+    from harness.runner import host_bound
+
+    bound = host_bound(result)
+    if bound:
+        print(f"harness {command}: warning: {label + ': ' if label else ''}{host_bound_text(bound)}",
+              file=sys.stderr)
 
 
 def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict:
@@ -191,26 +203,36 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
         return head + " (" + ", ".join(
             f"{d['device'].split('/')[-1].removeprefix('device:')} {d['samples_per_second']:.0f}"
             + ("" if d.get("busy_fraction") is None else f" at {100 * d['busy_fraction']:.0f}% busy")
+            + (f", HOST-BOUND: late {d['late_steps']}/{d['logged_steps']}, host {d['host_rate']:.0f}"
+               if d.get("host_bound") else "")
             for d in devices) + ")"
     has_busy = any("busy_fraction" in d for d in devices)
+    has_host = any("late_steps" in d for d in devices)
     has_gpu = any(d.get("telemetry") for d in devices)
     headers = ["device", "batch", "samples/s"] + (["busy", "busy sps"] if has_busy else [])
+    headers += ["late", "host sps"] if has_host else []
     headers += ["GPU util", "GPU mem", "power", "temp", "SM clock"] if has_gpu else []
     rows = []
     for d in devices:
         row = [d["device"], d["batch"], f"{d['samples_per_second']:.0f}"]
         if has_busy:
             row += [_fmt(d.get("busy_fraction"), "{:.0%}"), _fmt(d.get("busy_rate"), "{:.0f}")]
+        if has_host:
+            row += ["-" if "late_steps" not in d else f"{d['late_steps']}/{d['logged_steps']}",
+                    _fmt(d.get("host_rate"), "{:.0f}")]
         if has_gpu:
             tel = d.get("telemetry") or {}
             row += [_fmt(_mean(tel, "utilization_pct"), "{:.0f}%"), _fmt(_max(tel, "memory_used_mib"), "{:.0f} MiB"),
                     _fmt(_mean(tel, "power_w"), "{:.0f} W"), _fmt(_max(tel, "temperature_c"), "{:.0f} C"),
                     _fmt(_mean(tel, "sm_clock_mhz"), "{:.0f} MHz")]
-        rows.append(row + [d["source"]])
+        rows.append(row + [d["source"] + (" HOST-BOUND" if d.get("host_bound") else "")])
     rows.append(["total", sum(d["batch"] for d in devices), f"{window['samples_per_second']:.0f}"]
                 + [""] * (len(headers) - 3) + [""])
     table = format_table(rows, headers + ["how"])
     legend = "\n".join(f"   how: {s} = {SOURCES[s]}" for s in sorted({d["source"] for d in devices}))
+    if has_host:
+        legend += ("\n   late: steps whose real work ran past the emulated deadline; host sps: the rate this host "
+                   "computed the slices at")
     return (head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
             + _resplit_text(window))
 
@@ -235,9 +257,13 @@ def _max(telemetry: dict, field: str):
 
 
 def summary_text(result: dict, setup) -> str:
+    from harness.runner import host_bound
+
     s = result["summary"]["samples_per_second"]
+    kind = "" if setup.kind != "emulated" else (" [emulated devices, HOST-BOUND: see the warning]" if host_bound(result)
+                                                else " [emulated devices]")
     text = (f"median {s['median']:.0f} samples/s over {s['n']} windows (spread {100 * (s['spread'] or 0):.1f}%)"
-            f"{' [emulated devices]' if setup.kind == 'emulated' else ''}")
+            f"{kind}")
     inp = result.get("input")
     if inp:
         text += f"\ninput pipeline alone: {inp['samples_per_second']:.0f} samples/s"

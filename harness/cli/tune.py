@@ -97,12 +97,25 @@ def run(args) -> int:
     if args.json:
         json.dump(out.record, sys.stdout, indent=2, default=str)
         print()
+        _warn_host_bound(result)
         return 0
     print("\n" + device_table(result))
     print("\n" + summary_text(result))
     if plot is not None:
         print(f"chart: {plot}")
+    _warn_host_bound(result)
     return 0
+
+
+def _warn_host_bound(result: dict) -> None:
+    """One warning line per tuning phase whose emulated devices were host-bound."""
+    from harness.emulate import host_bound_text
+
+    phases: dict[str, list] = {}
+    for entry in result.get("host_bound") or ():
+        phases.setdefault(entry["phase"], []).append(entry)
+    for phase, entries in phases.items():
+        print(f"harness tune: warning: {phase}: {host_bound_text(entries)}", file=sys.stderr)
 
 
 def options_output(args, setup, size):
@@ -122,12 +135,14 @@ def device_table(result: dict) -> str:
     for i, dev in enumerate(result["devices"]):
         fit = dev["fit"]
         solo = tuned["solo_samples_per_second"][i] if tuned.get("solo_samples_per_second") else None
+        bound = any(p.get("host_bound") for p in dev["points"])
         rows.append([dev["device"].replace("/device:", ""), dev["ceiling"],
                      "-" if dev["oom_at"] is None else dev["oom_at"], f"{fit['fixed_ms']:.1f}",
                      f"{fit['peak_samples_per_second']:.0f}", f"{100 * fit['max_relative_error']:.1f}%",
-                     choice["batches"][i], "-" if not solo else f"{solo:.0f}", f"{dev['seconds']:.1f}"])
+                     choice["batches"][i], "-" if not solo else f"{solo:.0f}", f"{dev['seconds']:.1f}",
+                     "HOST-BOUND" if bound else "ok"])
     return format_table(rows, ["device", "ceiling", "OOM at", "fixed ms", "peak sps", "fit err", "chosen",
-                               "alone sps", "probe s"])
+                               "alone sps", "probe s", "curve"])
 
 
 def summary_text(result: dict) -> str:
@@ -142,7 +157,8 @@ def summary_text(result: dict) -> str:
         rows.append([name, "/".join(str(b) for b in v["batches"]), f"{v['predicted_samples_per_second']:.0f}",
                      "-" if v["samples_per_second"] is None else f"{v['samples_per_second']:.0f}",
                      "-" if v["efficiency"] is None else f"{v['efficiency']:.3f}",
-                     "ok" if v["status"] == "complete" else f"{v['status']}: {v['error']}"])
+                     f"{v['status']}: {v['error']}" if v["status"] != "complete" else
+                     "HOST-BOUND" if v.get("host_bound") else "ok"])
     table = format_table(rows, ["split", "batches", "predicted sps", "measured sps", "efficiency", "status"])
     used = choice["used"]
     flags = " ".join(str(choice["batches"][i]) for i in used)
@@ -154,9 +170,16 @@ def summary_text(result: dict) -> str:
         left = [result["devices"][i]["device"] for i in range(len(choice["batches"])) if i not in used]
         lines.append(f"left out (too slow to be worth a sample): {', '.join(left)}")
     seconds = result["seconds"]
-    lines += [f"recommended: --batches {flags}   (ratios {ratios}, global batch {choice['global_batch']})",
-              f"tuning took {seconds['total']:.1f} s: profiling {seconds['profile']:.1f} s, "
-              f"verification {seconds['verify']:.1f} s"]
+    if result.get("host_bound"):
+        devices = sorted({e["device"] for e in result["host_bound"]})
+        lines += [f"HOST-BOUND: {', '.join(devices)} ran at this host's speed, not their emulated rates: the curves, "
+                  "the choice and the efficiency describe this CPU, not the emulated devices (see the warnings; "
+                  "`harness calibrate` tells the rates this host can emulate)",
+                  f"not a recommendation for the emulated devices: --batches {flags}"]
+    else:
+        lines.append(f"recommended: --batches {flags}   (ratios {ratios}, global batch {choice['global_batch']})")
+    lines.append(f"tuning took {seconds['total']:.1f} s: profiling {seconds['profile']:.1f} s, "
+                 f"verification {seconds['verify']:.1f} s")
     return "\n".join(lines)
 
 

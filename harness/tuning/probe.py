@@ -28,16 +28,26 @@ __all__ = ["Point", "DeviceProbe", "probe_device"]
 
 @dataclass(frozen=True)
 class Point:
-    """One probe: a batch size, whether it fit, and its median step time."""
+    """One probe: a batch size, whether it fit, and its median step time.
+
+    On an emulated device ``host_rate`` is the rate this host computed the timed
+    steps at, ``late_steps`` how many ran past their emulated time, and
+    ``host_bound`` says more than ``HOST_BOUND_SHARE`` of them did (the step time
+    is then the host's, not the emulation's).
+    """
 
     batch: int
     fits: bool
     step_seconds: float | None = None
     steps: int = 0
+    host_rate: float | None = None
+    late_steps: int = 0
+    host_bound: bool = False
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "fits": self.fits, "step_seconds": self.step_seconds, "steps": self.steps,
-                "samples_per_second": None if not self.step_seconds else self.batch / self.step_seconds}
+                "samples_per_second": None if not self.step_seconds else self.batch / self.step_seconds,
+                "host_rate": self.host_rate, "late_steps": self.late_steps, "host_bound": self.host_bound}
 
 
 @dataclass
@@ -168,6 +178,7 @@ def _runner(workload, size: str, device: str, emulate, seed: int):
         times: list[float] = []
         try:
             model.train_on_batch(x, y)
+            began = time.perf_counter()
             while len(times) < max_steps and (not times or sum(times) < min_seconds):
                 t0 = time.perf_counter()
                 model.train_on_batch(x, y)  # returns the loss on the host: the step's device work is done
@@ -176,6 +187,9 @@ def _runner(workload, size: str, device: str, emulate, seed: int):
             raise _OutOfMemory(_oom_line(err)) from None
         finally:
             del x, y
-        return Point(batch, True, statistics.median(times) if times else None, len(times))
+        busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
+        return Point(batch, True, statistics.median(times) if times else None, len(times),
+                     host_rate=busy.host_rate if busy else None, late_steps=busy.late_steps if busy else 0,
+                     host_bound=bool(busy and busy.host_bound))
 
     return run

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["tune", "efficiency", "profile_devices", "usable_ceilings"]
+__all__ = ["tune", "efficiency", "profile_devices", "usable_ceilings", "host_bound_entries"]
 
 
 def efficiency(total: float | None, solo: Sequence[float | None]) -> float | None:
@@ -67,7 +67,9 @@ def tune(
     Returns:
         A JSON-ready record: per-device profiles and fits, the choice (batches,
         ratios, predicted samples/s), the verification (measured samples/s,
-        efficiency, the even split beside it) and the time tuning took.
+        efficiency, the even split beside it), the time tuning took, and
+        ``host_bound`` (``host_bound_entries``): where emulated devices ran at
+        the host's speed instead of their own, which voids the choice.
 
     Raises:
         ValueError: bad arguments, a device that runs out of memory at batch 1,
@@ -102,7 +104,31 @@ def tune(
                                verify_windows, compare_even, seed, say)
     record["seconds"]["verify"] = time.perf_counter() - t0
     record["seconds"]["total"] = time.perf_counter() - began
+    record["host_bound"] = host_bound_entries(record)
     return record
+
+
+def host_bound_entries(record: dict) -> list[dict]:
+    """Where a tuning's emulated devices were host-bound.
+
+    A profile is host-bound when any timed point is (its curve is then the
+    host's, not the emulated device's); a verification run when ``run_one`` says so.
+
+    Returns:
+        ``[{"phase", "device", "emulated_rate", "host_rate", "late_share"}, ...]``, empty when none was.
+    """
+    out = []
+    for dev in record["devices"]:
+        timed = [p for p in dev["points"] if p.get("step_seconds")]
+        bound = [p for p in timed if p.get("host_bound")]
+        if bound and dev.get("emulate"):
+            rates = [p["host_rate"] for p in bound if p.get("host_rate")]
+            late = sum(p["late_steps"] for p in timed) / sum(p["steps"] for p in timed)
+            out.append({"phase": "profile", "device": dev["device"], "emulated_rate": dev["emulate"]["rate"],
+                        "host_rate": max(rates) if rates else None, "late_share": late})
+    for name, run in (record.get("verify") or {}).items():
+        out += [{"phase": f"verify {name}", **entry} for entry in run.get("host_bound") or ()]
+    return out
 
 
 def _check(devices, size, emulate, global_batch, method, margin) -> None:
@@ -174,7 +200,8 @@ def _point_text(point) -> str:
     if point.step_seconds is None:
         return f"    batch {point.batch:>6}: fits"
     return f"    batch {point.batch:>6}: {1000 * point.step_seconds:8.1f} ms/step, " \
-           f"{point.batch / point.step_seconds:8.0f} samples/s"
+           f"{point.batch / point.step_seconds:8.0f} samples/s" + \
+           (f" -- HOST-BOUND (this host computes {point.host_rate:.0f})" if point.host_bound else "")
 
 
 def _choose(probes, global_batch, margin, record):
@@ -260,7 +287,7 @@ def _solo(probes, batches, seconds, say) -> list[float | None]:
 
 
 def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo):
-    from harness.runner import RunConfig, run_one
+    from harness.runner import RunConfig, host_bound, run_one
 
     used = [i for i, b in enumerate(batches) if b > 0]
     config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
@@ -272,8 +299,10 @@ def _parallel(model, size, devices, specs, batches, method, seconds, windows, se
     eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
     line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \
         f"    {result['status']}: {result['error']}"
-    say(line + (f", efficiency {eff:.3f}" if eff is not None else ""))
+    say(line + (f", efficiency {eff:.3f}" if eff is not None else "")
+        + (" -- HOST-BOUND" if host_bound(result) else ""))
     return {"batches": list(batches), "status": result["status"], "error": result["error"],
             "predicted_samples_per_second": predicted, "samples_per_second": measured,
             "spread": None if measured is None else result["summary"]["samples_per_second"]["spread"],
-            "solo_samples_per_second": solo, "efficiency": eff, "windows": result["windows"]}
+            "solo_samples_per_second": solo, "efficiency": eff, "windows": result["windows"],
+            "host_bound": host_bound(result)}

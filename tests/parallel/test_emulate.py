@@ -1,6 +1,8 @@
-"""Emulated heterogeneous devices: speed within 10%, overlap like real GPUs, TF's own OOM error.
+"""Emulated heterogeneous devices: speed within 10%, overlap like real GPUs, TF's own OOM error, host-bound runs.
 
-Every case runs in its own process: TensorFlow fixes its devices once per process.
+Every case runs in its own process: TensorFlow fixes its devices once per process. Rates come
+from the ``emulation`` fixture (``harness calibrate``): scaled down where this host could not
+keep up, so the figures stay the emulation's on a busy machine too.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import pytest
 from tf_process import run_harness, run_python
 
-from harness.emulate import EmulatedDevice, Emulator, parse_emulate
+from harness.emulate import EmulatedDevice, Emulator, Event, parse_emulate
 
 
 def test_parse_emulate():
@@ -26,26 +28,31 @@ def test_parse_emulate():
 
 def test_busy_time_counts_work_that_ended_in_the_window():
     emulator = Emulator({"/cpu:0": EmulatedDevice(100.0)})
-    emulator._events.extend([("/cpu:0", 0.5, 1.5, 100), ("/cpu:0", 1.5, 2.5, 100), ("/cpu:0", 2.5, 3.5, 100)])
+    emulator._events.extend([Event("/cpu:0", 0.5, 1.5, 100, 0.5), Event("/cpu:0", 1.5, 2.5, 100, 1.25, True),
+                             Event("/cpu:0", 2.5, 3.5, 100, 0.25)])
     busy = emulator.busy_between(1.0, 3.0)["/cpu:0"]
     assert (busy.steps, busy.samples) == (2, 200)
     assert busy.seconds == pytest.approx(1.5)  # the first event is clipped to the window's start
+    assert busy.work_seconds == pytest.approx(1.75) and busy.host_rate == pytest.approx(200 / 1.75)
+    assert (busy.late_steps, busy.late_share, busy.host_bound) == (1, 0.5, True)
 
 
-# Seed 000's devices, smaller batches: measured figures must land within 10% of the emulated rates.
+# Seed 000's devices (scaled down where this host could not keep up), smaller batches: measured figures
+# must land within 10% of the emulated rates, busy rates within 2%, and no device may be host-bound.
 _ACCURACY = """
-import json, harness
+import json, sys, harness
 devices = harness.use_logical_devices(2, inter_op_threads=4)
-from harness.emulate import parse_emulate
-from harness.runner import RunConfig, run_one
-emulate = parse_emulate("1345:1100,875:700")
+from harness.emulate import EmulatedDevice
+from harness.runner import RunConfig, host_bound, run_one
+fast, slow = float(sys.argv[1]), float(sys.argv[2])
+emulate = (EmulatedDevice(fast, 1100), EmulatedDevice(slow, 700))
 out = {}
 for name, method, devs, batches, emu in [
         ("alone0", "single", devices[:1], (400,), emulate[:1]), ("alone1", "single", devices[1:], (400,), emulate[1:]),
         ("even", "towers", devices, (300, 300), emulate), ("ratio", "mirrored", devices, (364, 236), emulate),
         ("oom", "towers", devices, (300, 701), emulate)]:
     r = run_one(RunConfig("mnist_maxing", "tiny", method, devs, batches, seconds=0.8, windows=2, emulate=emu))
-    out[name] = {"status": r["status"], "error": r["error"],
+    out[name] = {"status": r["status"], "error": r["error"], "host_bound": host_bound(r),
                  "sps": r["summary"] and r["summary"]["samples_per_second"]["median"],
                  "busy_rate": r["summary"] and [d["busy_rate"]["median"] for d in r["summary"]["devices"]]}
 print(json.dumps(out))
@@ -53,23 +60,32 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def accuracy():
-    return json.loads(run_python(_ACCURACY).strip().splitlines()[-1])
+def accuracy(emulation):
+    fast, slow = emulation.scale(1345, 875)  # seed 000's 1080 Ti and 1080
+    code = f"import sys; sys.argv[1:] = ['{fast}', '{slow}']\n" + _ACCURACY
+    return {"rates": (fast, slow), **json.loads(run_python(code).strip().splitlines()[-1])}
 
 
+@pytest.mark.timing
 def test_alone_each_device_runs_at_its_emulated_rate(accuracy):
-    assert accuracy["alone0"]["sps"] == pytest.approx(1345, rel=0.10)
-    assert accuracy["alone1"]["sps"] == pytest.approx(875, rel=0.10)
-    assert accuracy["alone0"]["busy_rate"][0] == pytest.approx(1345, rel=0.02)
+    fast, slow = accuracy["rates"]
+    assert accuracy["alone0"]["host_bound"] == accuracy["alone1"]["host_bound"] == []
+    assert accuracy["alone0"]["sps"] == pytest.approx(fast, rel=0.10)
+    assert accuracy["alone1"]["sps"] == pytest.approx(slow, rel=0.10)
+    assert accuracy["alone0"]["busy_rate"][0] == pytest.approx(fast, rel=0.02)
 
 
+@pytest.mark.timing
 def test_devices_overlap_like_real_gpus(accuracy):
-    # Even 300/300: the slow device sets the pace, 600 samples per 300/875 s. Serialised devices would
-    # give 600 / (300/1345 + 300/875) = 1060.
-    assert accuracy["even"]["sps"] == pytest.approx(600 / (300 / 875), rel=0.10)
-    # Ratio 364/236 keeps both busy: close to the sum of the rates.
-    assert accuracy["ratio"]["sps"] == pytest.approx(1345 + 875, rel=0.10)
-    assert accuracy["ratio"]["busy_rate"] == pytest.approx([1345, 875], rel=0.02)
+    fast, slow = accuracy["rates"]
+    assert accuracy["even"]["host_bound"] == accuracy["ratio"]["host_bound"] == []
+    # Even 300/300: the slow device sets the pace, 600 samples per 300/slow s. Serialised devices would
+    # give 600 / (300/fast + 300/slow) (1060 samples/s at the seed's rates).
+    assert accuracy["even"]["sps"] == pytest.approx(600 / (300 / slow), rel=0.10)
+    # Ratio 364/236 keeps both busy: close to the sum of the rates, measured in the same process as alone.
+    assert accuracy["ratio"]["sps"] == pytest.approx(fast + slow, rel=0.10)
+    assert accuracy["ratio"]["sps"] == pytest.approx(accuracy["alone0"]["sps"] + accuracy["alone1"]["sps"], rel=0.10)
+    assert accuracy["ratio"]["busy_rate"] == pytest.approx([fast, slow], rel=0.02)
 
 
 def test_beyond_maxbatch_is_tensorflows_out_of_memory(accuracy):
@@ -96,21 +112,57 @@ except tf.errors.ResourceExhaustedError as err:
     assert run_python(code).strip().splitlines()[-1] == "OOM True"
 
 
-def test_harness_run_emulated_prints_windows_and_keeps_a_record(tmp_path):
-    done = run_harness(["run", "--emulate", "2000,1000", "--batches", "200", "100", "--seconds", "0.5",
-                     "--windows", "2", "--method", "mirrored"], tmp_path)
+@pytest.mark.timing
+def test_harness_run_emulated_prints_windows_and_keeps_a_record(tmp_path, emulation):
+    fast, slow = emulation.scale(2000, 1000)
+    done = run_harness(["run", "--emulate", f"{fast},{slow}", "--batches", "200", "100", "--seconds", "0.5",
+                        "--windows", "2", "--method", "mirrored"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("window ") == 2
-    assert "emulated device: its own busy time" in done.stdout
+    assert "emulated device: its own busy time" in done.stdout and "HOST-BOUND" not in done.stdout
     records = list(tmp_path.glob("run-*.json"))
     assert len(records) == 1
     record = json.loads(records[0].read_text())
     assert record["status"] == "complete"
     assert record["config"]["run"]["batches"] == [200, 100]
     devices = record["result"]["summary"]["devices"]
-    assert [d["busy_rate"]["median"] for d in devices] == pytest.approx([2000, 1000], rel=0.05)
+    assert [d["busy_rate"]["median"] for d in devices] == pytest.approx([fast, slow], rel=0.05)
+    assert record["result"]["summary"]["host_bound"] == [] and [d["host_bound"] for d in devices] == [False, False]
+    assert all(d["host_rate"] > d["emulated_rate"] for d in devices)  # the host computes faster than it emulates
     assert record["environment"]["tensorflow"]["version"]
     assert record["result"]["input"]["starved"] is False
+
+
+def test_emulated_devices_faster_than_the_host_are_reported_host_bound(tmp_path, emulation):
+    # The guard's bad case: rates eight times what this host computes. The figures are the host's, and
+    # the run says so in the table, on stderr and in the record.
+    beyond = round(8 * emulation.sustained)
+    done = run_harness(["run", "--emulate", f"{beyond},{beyond}", "--batch", "200", "--seconds", "0.3",
+                        "--windows", "2"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "emulated HOST-BOUND" in done.stdout and "[emulated devices, HOST-BOUND" in done.stdout
+    warning = [line for line in done.stderr.splitlines() if line.startswith("harness run: warning: host-bound:")]
+    assert len(warning) == 1 and f"/device:CPU:1 emulates {beyond} samples/s" in warning[0], done.stderr[-2000:]
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("run-*.json")]
+    bound = record["result"]["summary"]["host_bound"]
+    assert [b["device"] for b in bound] == ["/device:CPU:0", "/device:CPU:1"]
+    assert all(b["late_share"] > 0.5 and b["host_rate"] < beyond / 2 for b in bound)
+    assert all(w["host_bound"] == ["/device:CPU:0", "/device:CPU:1"] for w in record["result"]["windows"])
+
+
+def test_harness_calibrate_reports_what_the_host_sustains(tmp_path, emulation):
+    done = run_harness(["calibrate", "--model", "wide_mlp", "gru_stack", "--batch", "32", "--seconds", "0.2",
+                        "--windows", "2"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wide_mlp" in done.stdout and "gru_stack" in done.stdout and "sustains" in done.stdout
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("calibrate-*.json")]
+    assert record["kind"] == "calibrate" and record["status"] == "complete"
+    workloads = {w["model"]: w for w in record["result"]["workloads"]}
+    assert set(workloads) == {"wide_mlp", "gru_stack"}
+    for entry in workloads.values():
+        assert entry["sustained_rate"] == min(d["host_rate"] for d in entry["devices"]) > 0
+        assert len(entry["devices"]) == 2 and entry["outside_ms"] >= 0
+    assert emulation.sustained > 0  # the session's own calibration (mnist_maxing), which scales the timing tests
 
 
 def test_harness_run_out_of_memory_fails_cleanly_and_records_it(tmp_path):
@@ -125,30 +177,34 @@ def test_harness_run_out_of_memory_fails_cleanly_and_records_it(tmp_path):
     assert record["status"] == "failed" and "MAXBATCH 150" in record["error"]
 
 
-def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path):
-    # 100 ms of preprocessing per 64-sample batch: at most 640 samples/s, against devices worth 20000.
-    done = run_harness(["run", "--emulate", "20000", "--batches", "64", "--seconds", "0.5", "--windows", "1",
-                     "--input-delay-ms", "100", "--json", "--no-save"], tmp_path)
+def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path, emulation):
+    # 100 ms of preprocessing per 64-sample batch: at most 640 samples/s, against a device worth more.
+    (rate,) = emulation.scale(4000)
+    done = run_harness(["run", "--emulate", str(rate), "--batches", "64", "--seconds", "0.5", "--windows", "1",
+                        "--input-delay-ms", "100", "--json", "--no-save"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)["result"]
     assert result["input"]["starved"] is True
     assert result["input"]["samples_per_second"] < 700
 
 
-def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path):
-    done = run_harness(["compare", "--emulate", "4000,2000", "--batch", "240", "--seconds", "0.3", "--windows", "2"],
-                    tmp_path)
+@pytest.mark.timing
+def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
+    fast, slow = emulation.scale(4000, 2000)
+    done = run_harness(["compare", "--emulate", f"{fast},{slow}", "--batch", "240", "--seconds", "0.3",
+                        "--windows", "2"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("compare-*.json")]
     assert record["status"] == "complete"
     rows = {r["label"]: r for r in record["rows"]}
     assert list(rows) == ["CPU:0 alone", "CPU:1 alone", "even towers", "even mirrored", "ratio towers",
                           "ratio mirrored", "tuned towers", "tuned mirrored"]
+    assert {label: r["summary"]["host_bound"] for label, r in rows.items()} == {label: [] for label in rows}
     sps = {label: r["summary"]["samples_per_second"]["median"] for label, r in rows.items()}
-    fast, slow = rows["ratio towers"]["config"]["batches"]  # split by the measured ~4000:2000
-    assert fast + slow == 240 and 152 <= fast <= 164
-    # Even: the slow device sets the pace (120 / 2000 s); ratio: both busy, about 6000 samples/s.
-    assert sps["even towers"] == pytest.approx(4000, rel=0.15)
+    fast_batch, slow_batch = rows["ratio towers"]["config"]["batches"]  # split by the measured ~2:1
+    assert fast_batch + slow_batch == 240 and 152 <= fast_batch <= 164
+    # Even: the slow device sets the pace (120 / slow s); ratio: both busy, about 1.5 times that.
+    assert sps["even towers"] == pytest.approx(2 * slow, rel=0.15)
     assert sps["ratio mirrored"] > 1.3 * sps["even mirrored"]
     tuned_fast, tuned_slow = rows["tuned mirrored"]["config"]["batches"]  # the tuner's split of the same batch
     assert tuned_fast + tuned_slow == 240 and 152 <= tuned_fast <= 164
@@ -157,3 +213,4 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path):
     png = next(tmp_path.glob("compare-*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio split from measured single-device speeds" in done.stdout
+    assert "HOST-BOUND" not in done.stdout and "warning" not in done.stderr

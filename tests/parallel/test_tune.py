@@ -32,12 +32,15 @@ def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
     assert all(b <= ceiling for b in fits) and all(p["batch"] > ceiling for p in probe["points"] if not p["fits"])
 
 
-def test_tune_balances_emulated_devices_and_verifies(tmp_path):
-    done = run_harness(["tune", "--emulate", "4000:600,2000:300", "--seconds", "0.4", "--windows", "2", "--json"],
-                    tmp_path)
+@pytest.mark.timing
+def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
+    fast, slow = emulation.scale(4000, 2000)
+    done = run_harness(["tune", "--emulate", f"{fast}:600,{slow}:300", "--seconds", "0.4", "--windows", "2",
+                        "--json"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(done.stdout)
     result = record["result"]
+    assert result["host_bound"] == [] and "warning" not in done.stderr  # the figures are the emulation's
     choice, tuned, even = result["choice"], result["verify"]["tuned"], result["verify"]["even"]
     # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at twice that.
     assert [d["ceiling"] <= m for d, m in zip(result["devices"], (600, 300))] == [True, True]
@@ -46,9 +49,28 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path):
     assert tuned["status"] == "complete" and tuned["efficiency"] > 0.9
     assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
     assert even["status"] == "complete" and even["efficiency"] < tuned["efficiency"]
-    assert record["status"] == "complete" and result["seconds"]["total"] < 120
+    assert record["status"] == "complete" and result["seconds"]["total"] < 180
     assert next(tmp_path.glob("tune-*.json")).exists()
     assert next(tmp_path.glob("tune-*.png")).stat().st_size > 10_000
+
+
+def test_tune_beyond_the_host_says_host_bound_and_recommends_nothing(tmp_path, emulation):
+    # The guard's bad case (issue 14: `harness tune --emulate 40000,20000` on this host): rates eight and
+    # four times what this host computes. Nothing is presented as the emulated devices' performance.
+    fast, slow = round(8 * emulation.sustained), round(4 * emulation.sustained)
+    done = run_harness(["tune", "--emulate", f"{fast},{slow}", "--max-batch", "256", "--max-step-s", "0.2",
+                        "--seconds", "0.3", "--windows", "1", "--no-even"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "recommended:" not in done.stdout and "not a recommendation for the emulated devices" in done.stdout
+    assert "HOST-BOUND: /device:CPU:0, /device:CPU:1 ran at this host's speed" in done.stdout
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("harness tune: warning:")]
+    assert [w.split(":")[2].strip() for w in warnings] == ["profile", "verify tuned"], done.stderr[-3000:]
+    assert f"/device:CPU:0 emulates {fast} samples/s but this host computes its slices at" in warnings[0]
+    record = json.loads(next(tmp_path.glob("tune-*.json")).read_text())
+    bound = record["result"]["host_bound"]
+    assert {(b["phase"], b["device"]) for b in bound} == {(phase, device) for phase in ("profile", "verify tuned")
+                                                          for device in ("/device:CPU:0", "/device:CPU:1")}
+    assert record["result"]["verify"]["tuned"]["host_bound"]
 
 
 def test_device_out_of_memory_at_batch_one_is_a_clear_error(tmp_path):

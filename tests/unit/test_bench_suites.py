@@ -45,10 +45,24 @@ def test_the_grid_comes_from_one_variable(common, monkeypatch):
 
 
 def test_smoke_keeps_the_ci_parameters(common):
+    from harness.emulate import EmulatedDevice, parse_emulate
+
     ci, smoke = common.GRIDS["ci"], common.GRIDS["smoke"]
-    for name in ("workloads", "size", "device_counts", "batch_per_device", "emulate", "fidelity_workloads",
+    for name in ("workloads", "size", "device_counts", "batch_per_device", "fidelity_workloads",
                  "fidelity_device_counts"):
         assert getattr(ci, name) == getattr(smoke, name), name
+    # The same devices at a quarter of the speed: a busy 2-core machine must not be host-bound in a smoke run.
+    assert parse_emulate(smoke.emulate) == tuple(EmulatedDevice(d.rate / 4, d.max_batch, d.overhead_ms)
+                                                 for d in parse_emulate(ci.emulate))
+
+
+def test_host_bound_figures_are_skipped_with_the_reason(common, capsys):
+    common.refuse_host_bound([], "towers with batches [60, 60]")  # nothing host-bound: nothing happens
+    entry = {"device": "/device:CPU:0", "emulated_rate": 40000.0, "host_rate": 9000.0, "late_share": 1.0}
+    with pytest.raises(NotImplementedError) as info:  # asv's SkipNotImplemented is one: asv records a skip
+        common.refuse_host_bound([entry], "towers with batches [60, 60]")
+    assert "towers with batches [60, 60]: host-bound: /device:CPU:0 emulates 40000 samples/s" in str(info.value)
+    assert "harness benchmark skipped: towers with batches [60, 60]: host-bound" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("method", "split", "count", "why"), [

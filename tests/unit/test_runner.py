@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.emulate import EmulatedDevice, Emulator
+from harness.emulate import EmulatedDevice, Emulator, Event
 from harness.measure import Window
 from harness.nvml import FieldStats
-from harness.runner import RunConfig, _summary, _window_record, gpu_index
+from harness.runner import RunConfig, _summary, _window_record, gpu_index, host_bound
 
 
 class _FakeTelemetry:
@@ -32,15 +32,39 @@ def test_gpu_devices_carry_nvml_telemetry():
 
 def test_emulated_devices_report_busy_time_and_logical_cpus_only_a_share():
     emulator = Emulator({"/device:CPU:0": EmulatedDevice(1000.0)})
-    emulator._events.append(("/device:CPU:0", 10.0, 10.5, 500))
+    emulator._events.append(Event("/device:CPU:0", 10.0, 10.5, 500, work=0.1))
     config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (500, 250))
     record = _window_record(Window(0, 10.0, 11.0, 1, 750), config, emulator, None)
     emulated, plain = record["devices"]
     assert emulated["source"] == "emulated" and emulated["busy_fraction"] == 0.5 and emulated["busy_rate"] == 1000
-    assert plain["source"] == "share" and "busy_fraction" not in plain
+    assert emulated["host_rate"] == pytest.approx(5000) and emulated["late_steps"] == 0
+    assert plain["source"] == "share" and "busy_fraction" not in plain and "host_rate" not in plain
+    assert record["host_bound"] == []
     summary = _summary([record])
     assert summary["samples_per_second"]["median"] == 750
     assert summary["devices"][0]["busy_rate"]["median"] == 1000
+    assert summary["devices"][0]["host_rate"] == pytest.approx(5000) and summary["host_bound"] == []
+
+
+def test_a_device_late_in_more_than_a_tenth_of_its_steps_is_host_bound():
+    # Seed-sized rates on a host that computes the slices at 2000 samples/s: the step ran past its deadline.
+    emulator = Emulator({"/device:CPU:0": EmulatedDevice(40000.0), "/device:CPU:1": EmulatedDevice(1000.0)})
+    for k in range(10):
+        t = 10.0 + 0.1 * k
+        emulator._events.append(Event("/device:CPU:0", t, t + 0.05, 100, work=0.05, late=k < 2))  # 2 of 10
+        emulator._events.append(Event("/device:CPU:1", t, t + 0.1, 100, work=0.02, late=k < 1))  # 1 of 10
+    config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (100, 100),
+                       emulate=tuple(emulator.devices.values()))
+    record = _window_record(Window(0, 9.9, 11.0, 10, 2000), config, emulator, None)
+    assert record["host_bound"] == ["/device:CPU:0"]  # 20% late: host-bound; 10%: still the emulation's
+    fast, slow = record["devices"]
+    assert (fast["late_steps"], fast["logged_steps"], fast["host_bound"]) == (2, 10, True)
+    assert fast["host_rate"] == pytest.approx(2000) and fast["emulated_rate"] == 40000
+    assert (slow["late_steps"], slow["host_bound"]) == (1, False)
+    summary = _summary([record, {**record, "host_bound": []}])
+    assert summary["host_bound"] == [{"device": "/device:CPU:0", "emulated_rate": 40000.0,
+                                      "host_rate": pytest.approx(2000), "late_share": 0.2}]
+    assert host_bound({"summary": summary}) == summary["host_bound"] and host_bound({"summary": None}) == []
 
 
 def test_rebalance_and_throttle_are_validated_and_recorded():
@@ -69,10 +93,30 @@ def test_rebalance_and_throttle_are_validated_and_recorded():
 def test_rebalanced_windows_count_the_samples_each_device_did():
     # With rebalancing, batches change within a window: a device's samples/s is what its logged steps did.
     emulator = Emulator({"/device:CPU:0": EmulatedDevice(1000.0), "/device:CPU:1": EmulatedDevice(400.0)})
-    emulator._events.extend([("/device:CPU:0", 10.0, 10.1, 100), ("/device:CPU:1", 10.0, 10.25, 100),
-                             ("/device:CPU:0", 10.25, 10.39, 143), ("/device:CPU:1", 10.25, 10.39, 57)])
+    emulator._events.extend([Event("/device:CPU:0", 10.0, 10.1, 100), Event("/device:CPU:1", 10.0, 10.25, 100),
+                             Event("/device:CPU:0", 10.25, 10.39, 143), Event("/device:CPU:1", 10.25, 10.39, 57)])
     config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (100, 100),
                        emulate=tuple(emulator.devices.values()), rebalance_every=1)
     record = _window_record(Window(0, 10.0, 10.4, 2, 400), config, emulator, None, (143, 57))
     assert [d["batch"] for d in record["devices"]] == [143, 57]
     assert [d["samples_per_second"] for d in record["devices"]] == pytest.approx([243 / 0.4, 157 / 0.4])
+
+
+def test_compare_marks_host_bound_rows_and_warns_once(capsys):
+    from harness.cli.compare import _warn_host_bound, comparison_table
+
+    def row(label, bound):
+        entries = [{"device": "/device:CPU:0", "emulated_rate": 40000.0, "host_rate": rate, "late_share": 1.0}
+                   for rate in bound]
+        return {"label": label, "status": "complete", "error": None, "config": {"batches": [100, 100]},
+                "summary": {"samples_per_second": {"median": 9000.0, "spread": 0.01}, "devices": [],
+                            "host_bound": entries}}
+
+    rows = [row("even towers", [8000.0]), row("ratio towers", [9500.0]), row("CPU:1 alone", [])]
+    table = comparison_table(rows).splitlines()
+    assert table[2].endswith("HOST-BOUND: CPU:0") and table[3].endswith("HOST-BOUND: CPU:0")
+    assert table[4].endswith("ok")
+    _warn_host_bound(rows)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("harness compare: warning: 2 of 3 configurations (even towers, ratio towers): host-bound:")
+    assert "this host computes its slices at 9500" in line  # the device's best rate over the configurations
