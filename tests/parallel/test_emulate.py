@@ -213,4 +213,4 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     png = next(tmp_path.glob("compare-*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio split from measured single-device speeds" in done.stdout
-    assert "HOST-BOUND" not in done.stdout and "warning" not in done.stderr
+    assert "HOST-BOUND" not in done.stdout and "harness compare: warning" not in done.stderr

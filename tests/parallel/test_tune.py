@@ -40,7 +40,7 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads(done.stdout)
     result = record["result"]
-    assert result["host_bound"] == [] and "warning" not in done.stderr  # the figures are the emulation's
+    assert result["host_bound"] == [] and "harness tune: warning" not in done.stderr  # the figures are the emulation's
     choice, tuned, even = result["choice"], result["verify"]["tuned"], result["verify"]["even"]
     # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at twice that.
     assert [d["ceiling"] <= m for d, m in zip(result["devices"], (600, 300))] == [True, True]
