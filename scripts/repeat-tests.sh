@@ -2,6 +2,7 @@
 # The README's test command, N times, on a fresh clone of HEAD: how often a new user's run is green.
 #   scripts/repeat-tests.sh                 # 5 runs, idle machine
 #   scripts/repeat-tests.sh --runs 3 --load # 3 runs beside two busy processes (scripts/under-load.sh)
+#   scripts/repeat-tests.sh --load -- -m timing   # arguments after -- go to pytest
 # Prints each run's pytest summary and the failing tests, then "green runs: K of N"; exits 0 only
 # when every run was green. Logs stay in the printed folder.
 set -uo pipefail
@@ -11,8 +12,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
     --load) load=1; shift ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
-    *) echo "usage: $0 [--runs N] [--load]" >&2; exit 2 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "usage: $0 [--runs N] [--load] [-- PYTEST_ARGS...]" >&2; exit 2 ;;
   esac
 done
 case "$runs" in ''|*[!0-9]*|0) echo "$0: --runs must be a whole number >= 1; got '$runs'" >&2; exit 2 ;; esac
@@ -29,7 +31,7 @@ wrap=()
 green=0
 for i in $(seq 1 "$runs"); do
   SECONDS=0
-  "${wrap[@]}" .venv/bin/pytest -n 2 -p no:cacheprovider > "$work/run-$i.log" 2>&1
+  "${wrap[@]}" .venv/bin/pytest -n 2 -p no:cacheprovider "$@" > "$work/run-$i.log" 2>&1
   code=$?
   echo "run $i: exit $code in ${SECONDS}s: $(tail -n 1 "$work/run-$i.log")"
   grep -E "^(FAILED|ERROR) " "$work/run-$i.log" | head -n 20
