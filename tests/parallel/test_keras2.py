@@ -245,6 +245,7 @@ def _compare_emulated(k, devices, method, name, n, batch_size, ratios, emulate=N
     return report, made[0]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("method", METHODS)
 def test_auto_ratios_converge_to_the_emulated_speeds_and_stay_exact(logical_devices, keras2, method):
     # As the Keras 3 test (test_rebalance.py): 1000 and 400 samples/s, device 1 with 20 ms per step more;
@@ -287,6 +288,7 @@ def test_time_devices_logs_each_devices_busy_time(logical_devices, keras2, metho
     assert all(busy[d].seconds > 0 for d in devices)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("method", METHODS)
 def test_emulated_devices_run_at_their_rates(logical_devices, keras2, method):
     k, devices = keras2, logical_devices[:2]
