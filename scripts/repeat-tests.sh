@@ -33,7 +33,8 @@ for i in $(seq 1 "$runs"); do
   SECONDS=0
   "${wrap[@]}" .venv/bin/pytest -n 2 -p no:cacheprovider "$@" > "$work/run-$i.log" 2>&1
   code=$?
-  echo "run $i: exit $code in ${SECONDS}s: $(tail -n 1 "$work/run-$i.log")"
+  summary=$(grep -E "^=+ .*(passed|failed|error|no tests ran).* =+$" "$work/run-$i.log" | tail -n 1)
+  echo "run $i: exit $code in ${SECONDS}s: ${summary:-$(tail -n 1 "$work/run-$i.log")}"
   grep -E "^(FAILED|ERROR) " "$work/run-$i.log" | head -n 20
   [ $code -eq 0 ] && green=$((green + 1))
 done
