@@ -421,7 +421,5 @@ def check_step_not_host_bound(config, model, x, y, steps: int = 3) -> None:
     began = time.perf_counter()
     for _ in range(steps):
         model.train_on_batch(x, y)
-    busy = model.emulator.busy_between(began, time.perf_counter())
-    refuse_host_bound([{"device": d, "emulated_rate": model.emulator.devices[d].rate, "host_rate": b.host_rate,
-                        "late_share": b.late_share} for d, b in busy.items() if d in model.emulator.devices
-                       and b.host_bound], f"{config.method} with batches {list(config.batches)}")
+    refuse_host_bound(model.emulator.host_bound_between(began, time.perf_counter()),
+                      f"{config.method} with batches {list(config.batches)}")

@@ -333,6 +333,12 @@ class Emulator:
                 total[4] += bool(event.late)
         return {d: BusyTime(d, s, n, k, w, late) for d, (s, n, k, w, late) in totals.items()}
 
+    def host_bound_between(self, t0: float, t1: float) -> list[dict]:
+        """The emulated devices host-bound in ``(t0, t1]``, as ``host_bound_text`` takes them (empty: none)."""
+        return [{"device": d, "emulated_rate": self.devices[d].rate, "host_rate": b.host_rate,
+                 "late_share": b.late_share}
+                for d, b in self.busy_between(t0, t1).items() if d in self.devices and b.host_bound]
+
     def clear(self) -> None:
         with self._lock:
             self._events.clear()

@@ -151,22 +151,20 @@ def run(args) -> int:
         print()
     elif result["status"] == "complete":
         print(summary_text(result, setup))
-    warn_host_bound("run", result)
+    _warn_host_bound(result)
     if result["status"] != "complete":
         print(f"harness run: {result['status']}: {result['error']}", file=sys.stderr)
         return 1
     return 0
 
 
-def warn_host_bound(command: str, result: dict, label: str = "") -> None:
-    """One warning line on stderr when a run's emulated devices were host-bound."""
+def _warn_host_bound(result: dict) -> None:
+    """One warning line on stderr when the run's emulated devices were host-bound."""
     from harness.emulate import host_bound_text
     from harness.runner import host_bound
 
-    bound = host_bound(result)
-    if bound:
-        print(f"harness {command}: warning: {label + ': ' if label else ''}{host_bound_text(bound)}",
-              file=sys.stderr)
+    if host_bound(result):
+        print(f"harness run: warning: {host_bound_text(host_bound(result))}", file=sys.stderr)
 
 
 def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict:

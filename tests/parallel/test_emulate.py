@@ -35,6 +35,9 @@ def test_busy_time_counts_work_that_ended_in_the_window():
     assert busy.seconds == pytest.approx(1.5)  # the first event is clipped to the window's start
     assert busy.work_seconds == pytest.approx(1.75) and busy.host_rate == pytest.approx(200 / 1.75)
     assert (busy.late_steps, busy.late_share, busy.host_bound) == (1, 0.5, True)
+    assert emulator.host_bound_between(1.0, 3.0) == [{"device": "/cpu:0", "emulated_rate": 100.0,
+                                                      "host_rate": pytest.approx(200 / 1.75), "late_share": 0.5}]
+    assert emulator.host_bound_between(2.6, 3.5) == []  # the last step alone was on time
 
 
 # Seed 000's devices (scaled down where this host could not keep up), smaller batches: measured figures
