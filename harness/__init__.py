@@ -34,7 +34,7 @@ _LAZY = {
     "EquivalenceReport": "harness.equivalence",
     "assert_equivalent": "harness.testing",
     "tune": "harness.tuning.tuner",
-    "Rebalance": "harness.tuning.rebalance",
+    "Rebalance": "harness.parallel.rebalance",
     "step_watchdog": "harness.watchdog",
 }
 

@@ -9,9 +9,10 @@ Three setups share one TensorFlow API and differ in Keras:
   Keras 2 (``tf_keras``) even though ``import keras`` still gives Keras 3; the
   user's models are then Keras 2 models.
 
-Which Keras a model and the environment are is decided here; the Keras 2 step
-itself lives in ``harness.parallel.keras2`` (towers; what is not built for
-Keras 2 yet is refused with ``Keras2NotSupported``, naming it).
+Which Keras a model and the environment are is decided here; the parallel
+steps are written once, and what the generations spell differently sits in
+``harness.parallel.adapters`` (what Keras 2 cannot train exactly is refused
+with ``Keras2NotSupported``, naming it).
 """
 
 from __future__ import annotations

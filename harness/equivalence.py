@@ -2,17 +2,36 @@
 
 Used by ``assert_equivalent`` (pytest), ``harness check`` (CLI) and the
 benchmarks' fidelity tracks, so "equivalent" means the same thing everywhere.
+
+Two criteria:
+
+- **exact**: every weight, optimizer variable and epoch loss of the parallel run
+  within ``tol`` (default 1e-6) of the single-device float32 run.
+- **as accurate as one device** (``reference="float64"``): a third run trains a
+  float64 copy of the model on one device, from the same initial weights and
+  batches. Float32 rounding alone can put a correct parallel step 1e-5 from the
+  single-device float32 step on a real CNN (BatchNormalization, depthwise
+  convolutions), while both lie equally close to the float64 run; a bug puts the
+  parallel run farther from float64 than the single-device run. The parallel run
+  passes when its distance from float64 is at most ``factor`` (2) times the
+  single-device run's, plus ``slack`` (1e-7).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-__all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "relative_deviation"]
+__all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "relative_deviation", "REFERENCES", "VERDICTS"]
+
+REFERENCES = ("float64",)  # the accepted values of ``reference`` besides None
+VERDICTS = ("exact", "as accurate as one device", "exact in float64", "FAIL")  # ``EquivalenceReport.verdict``
+FLOAT64_TOL = 1e-9  # the parallel float64 run vs the single-device float64 run: rounding of float64 only
 
 
 @dataclass(frozen=True)
@@ -44,14 +63,21 @@ class EquivalenceReport:
     loss_parallel: tuple[float, ...]
     metrics_single: dict = field(default_factory=dict)
     metrics_parallel: dict = field(default_factory=dict)
+    # reference="float64": the distances of each float32 run from a float64 run on one device,
+    # measured like ``WeightDiff.deviation`` (max |Δw| / max(1, max |w_float64|)) over every weight
+    # and, where the float64 run's optimizer has the same variables, every optimizer variable.
+    reference: str | None = None
+    reference_single: float | None = None
+    reference_parallel: float | None = None
+    reference_diffs_single: tuple[WeightDiff, ...] = ()  # per variable, single-device run vs float64
+    reference_diffs_parallel: tuple[WeightDiff, ...] = ()  # per variable (same order), parallel run vs float64
+    loss_reference: tuple[float, ...] = ()  # the float64 run's loss per epoch
+    reference_exact: float | None = None  # the parallel float64 run's distance from the single-device float64 run
 
     @property
     def max_deviation(self) -> float:
         """The worst ``WeightDiff.deviation`` (weights and optimizer state); NaN if any is NaN."""
-        values = [d.deviation for d in self.diffs]
-        if any(math.isnan(v) for v in values):
-            return math.nan
-        return max(values, default=0.0)
+        return _max_deviation(self.diffs)
 
     @property
     def max_loss_deviation(self) -> float:
@@ -64,22 +90,115 @@ class EquivalenceReport:
         deviations = [self.max_deviation, self.max_loss_deviation]
         return all(not math.isnan(v) and v <= tol for v in deviations)
 
+    def as_accurate(self, factor: float = 2.0, slack: float = 1e-7) -> bool:
+        """Whether the parallel run is as accurate as one device, judged against the float64 run.
+
+        True when ``reference_parallel <= factor * reference_single + slack``; a NaN
+        distance fails. Only weights and optimizer variables count (see
+        ``compare_training``), not the per-epoch loss.
+
+        Raises:
+            ValueError: the report has no reference (``compare_training(..., reference="float64")``
+                makes one), or ``factor``/``slack`` is negative or not finite.
+        """
+        _check_number("factor", factor, positive=True)
+        _check_number("slack", slack)
+        if self.reference is None or self.reference_single is None or self.reference_parallel is None:
+            raise ValueError("as_accurate() needs a float64 reference: this report has none; run "
+                             "compare_training(..., reference='float64')")
+        single, parallel = self.reference_single, self.reference_parallel
+        if math.isnan(single) or math.isnan(parallel):
+            return False
+        return parallel <= factor * single + slack
+
+    def verdict(self, tol: float = 1e-6) -> str:
+        """``"exact"``, ``"as accurate as one device"``, ``"exact in float64"`` or ``"FAIL"``.
+
+        ``"exact"``: ``is_equivalent(tol)``. Otherwise, with a float64 reference,
+        the parallel model also trained in float64 must equal the single device
+        in float64 (``reference_exact <= FLOAT64_TOL``): there, rounding is a
+        billion times smaller, so what remains is a bug. Then the verdict is
+        ``"as accurate as one device"`` when ``as_accurate()``, else ``"exact in
+        float64"``: float32 rounding that training amplified (chaotic nets, a
+        ReLU pre-activation within rounding of its kink in one float32 run).
+        Reports without a reference are exact or FAIL.
+
+        Raises:
+            ValueError: ``tol`` negative or not finite.
+        """
+        _check_number("tol", tol)
+        if self.is_equivalent(tol):
+            return "exact"
+        if self.reference is None or self.reference_exact is None or not self.reference_exact <= FLOAT64_TOL:
+            return "FAIL"
+        if math.isnan(_or_nan(self.reference_parallel)):  # the parallel float32 run broke down
+            return "FAIL"
+        return "as accurate as one device" if self.as_accurate() else "exact in float64"
+
+    def worst_against_reference(self, limit: int = 10) -> list[tuple[WeightDiff, WeightDiff]]:
+        """``(single vs float64, parallel vs float64)`` of the variables the parallel run has farthest from it."""
+        pairs = list(zip(self.reference_diffs_single, self.reference_diffs_parallel))
+        return sorted(pairs, key=lambda p: -np.nan_to_num(p[1].deviation, nan=np.inf))[:limit]
+
     def table(self, limit: int = 10) -> str:
-        """A fixed-width table of the worst-differing variables, for failure messages."""
+        """A fixed-width table of the worst-differing variables, for failure messages.
+
+        With a reference, a second table shows the variables the parallel run has
+        farthest from the float64 run, each with the single-device run's distance.
+        """
         rows = [f"{'variable':<48} {'shape':<16} {'max |dw|':>11} {'deviation':>11}"]
         for d in self.worst(limit):
             rows.append(f"{d.name[:48]:<48} {str(d.shape)[:16]:<16} {d.max_abs_diff:>11.3e} {d.deviation:>11.3e}")
         rows.append(
             f"loss per epoch: single {list(_round(self.loss_single))} vs parallel {list(_round(self.loss_parallel))}"
         )
+        if self.reference is not None:
+            rows.append(f"distance from the {self.reference} run on one device: {self._reference_figures()}")
+            rows.append(f"{'variable (farthest from ' + self.reference + ')':<48} {'shape':<16} "
+                        f"{'single':>11} {'parallel':>11}")
+            for single, parallel in self.worst_against_reference(limit):
+                rows.append(f"{parallel.name[:48]:<48} {str(parallel.shape)[:16]:<16} "
+                            f"{single.deviation:>11.3e} {parallel.deviation:>11.3e}")
+            rows.append(f"{self.reference} loss per epoch: {list(_round(self.loss_reference))}")
         return "\n".join(rows)
 
     def summary(self) -> str:
-        return (
+        text = (
             f"{self.method} on {len(self.devices)} devices, ratios {list(self.ratios)}, batch {self.batch_size}, "
             f"{self.steps} steps: max weight deviation {self.max_deviation:.3e}, "
             f"max loss deviation {self.max_loss_deviation:.3e}"
         )
+        if self.reference is not None:
+            text += f"; distance from {self.reference}: {self._reference_figures()}"
+        return text
+
+    def _reference_figures(self) -> str:
+        single, parallel = _or_nan(self.reference_single), _or_nan(self.reference_parallel)
+        accurate = self.reference_single is not None and self.reference_parallel is not None and self.as_accurate()
+        relation = "as accurate as one device" if accurate else "less accurate than one device"
+        text = (f"single {single:.3e}, parallel {parallel:.3e} ({relation}: "
+                f"parallel {'<=' if accurate else '>'} 2 x single + 1e-7)")
+        if self.reference_exact is not None:
+            text += f"; parallel in {self.reference} vs one device in {self.reference}: {self.reference_exact:.3e}"
+        return text
+
+
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _check_number(name: str, value, *, positive: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (positive and value == 0):
+        wanted = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {wanted} finite number; got {name}={value!r}")
+
+
+def _max_deviation(diffs: Sequence[WeightDiff]) -> float:
+    values = [d.deviation for d in diffs]
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values, default=0.0)
 
 
 def _round(values):
@@ -156,8 +275,10 @@ def compare_training(
     class_weight=None,
     sync_batchnorm: bool = True,
     seed: int = 0,
+    loss_weights=None,
     callbacks=None,
     jit_compile="auto",
+    reference: str | None = None,
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
@@ -165,7 +286,7 @@ def compare_training(
     same order (no shuffling) and use fresh copies of ``optimizer``.
 
     Args:
-        build_model: returns a new, built Keras model (called twice).
+        build_model: returns a new, built Keras model (called twice; four times with ``reference``).
         x, y: training data (arrays or nested structures of arrays).
         devices, ratios, method, sync_batchnorm: as for ``parallelize``; ``method``
             may also be a callable ``(template, devices, ratios) -> model`` to
@@ -174,39 +295,77 @@ def compare_training(
         batch_size: global batch size; a partial last batch is included.
         epochs: passes over the data.
         optimizer: a name, an optimizer (copied via its config) or a factory.
-        loss, metrics, sample_weight, class_weight: as for ``compile``/``fit``.
+        loss, loss_weights, metrics, sample_weight, class_weight: as for ``compile``/``fit``.
         seed: seeds Keras before building the models.
         callbacks: Keras callbacks for the parallel run only, e.g. one that
             calls ``self.model.set_ratios(...)`` between steps.
         jit_compile: passed to ``compile`` of both models (XLA on or off).
+        reference: None, or ``"float64"``: also train a float64 copy of the model
+            on one device and report each float32 run's distance from it
+            (``reference_single``, ``reference_parallel``; see
+            ``EquivalenceReport.as_accurate``), and train the parallel model in
+            float64 too, reporting its distance from the single-device float64
+            run (``reference_exact``; see ``EquivalenceReport.verdict``). The copy is ``build_model()``
+            called under the float64 dtype policy and floatx (Keras 3:
+            ``keras.config``; Keras 2: ``mixed_precision.set_global_policy``
+            and ``backend.set_floatx``; the previous ones are restored, mixed
+            precision policies included), given the single-device run's initial
+            weights, and trained with the same batches, a fresh copy of
+            ``optimizer``, ``loss`` (Keras 3 ``Loss`` objects are re-created from
+            their config so that they compute in float64), ``metrics``,
+            ``sample_weight`` and ``class_weight``. Float inputs, targets and
+            sample weights are cast to float64; integer ones (token ids, class
+            labels) are not. Compared with it: every model weight (trainable or
+            not, e.g. BatchNormalization's moving statistics) and, where its
+            optimizer has as many variables of the same shapes as the float32
+            runs' (not so under a ``LossScaleOptimizer``), every optimizer
+            variable; each by ``max |Δ| / max(1, max |float64 value|)``.
 
     Returns:
         An ``EquivalenceReport`` covering every weight and optimizer variable.
 
     Raises:
-        ValueError: ``batch_size``/``epochs`` not positive, or x and y differ in length.
+        ValueError: ``batch_size``/``epochs`` not positive, x and y differ in length,
+            ``reference`` not None or ``"float64"``, or (``reference="float64"``)
+            ``build_model()`` builds variables that stay in a lower precision
+            under the float64 policy (a layer with variables given its own
+            ``dtype``; Keras 3 layers without variables, such as the mixed
+            precision pattern ``Activation("softmax", dtype="float32")``, are
+            made float64; Keras 2 ones are refused too), or a Keras 3 ``Loss``
+            that cannot be re-created in float64.
     """
-    from harness.compat import keras_module_of, set_random_seed
+    from harness.compat import is_keras2_model, keras_module_of, set_random_seed
     from harness.parallel import parallelize
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive int; got batch_size={batch_size!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
         raise ValueError(f"epochs must be a positive int; got epochs={epochs!r}")
+    if reference is not None and (not isinstance(reference, str) or reference not in REFERENCES):
+        raise ValueError(f"reference must be None or one of {list(REFERENCES)}; got reference={reference!r}")
     n = _length(x)
     if y is not None and _length(y) != n:
         raise ValueError(f"x and y must have the same number of samples; got len(x)={n}, len(y)={_length(y)}")
 
     set_random_seed(seed)
-    single = build_model()
+    single: Any = build_model()  # Keras models: TensorFlow and Keras are untyped
     keras = keras_module_of(single)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
-    template = build_model()
+    initial_weights = single.get_weights() if reference is not None else None
+    template: Any = build_model()
     template.set_weights(single.get_weights())
-    if callable(method):  # a user's own parallel wrapper: (template, devices, ratios) -> compilable model
-        parallel = method(template, devices, ratios)
-        method = getattr(method, "__name__", "custom")
-    else:
-        parallel = parallelize(template, devices, ratios=ratios, method=method, sync_batchnorm=sync_batchnorm)
+    wrap = method if callable(method) else (  # a user's own wrapper: (template, devices, ratios) -> model
+        lambda t, d, r: parallelize(t, d, ratios=r, method=method, sync_batchnorm=sync_batchnorm))
+    parallel: Any = wrap(template, devices, ratios)
+    method = getattr(method, "__name__", "custom") if callable(method) else method
+    keras2 = is_keras2_model(single)
+    # Built (and checked) before any training, so that a model that cannot be float64 fails at once;
+    # the parallel model in float64 too: where float32 rounding hides a difference, float64's does not.
+    float64 = template64 = parallel64 = None
+    if reference is not None:
+        float64 = _build_float64(build_model, initial_weights, keras, keras2)
+        template64 = _build_float64(build_model, initial_weights, keras, keras2)
+        with _float64_policy(keras, keras2):
+            parallel64 = wrap(template64, devices, ratios)
 
     fit_args = dict(
         batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
@@ -214,12 +373,35 @@ def compare_training(
     )
     histories = []
     for model, extra in ((single, None), (parallel, callbacks)):
-        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=loss,
+        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=loss, loss_weights=loss_weights,
                       metrics=_fresh_metrics(metrics, keras), **_jit_argument(jit_compile, keras))
         histories.append(model.fit(x, y, callbacks=extra, **fit_args).history)
 
     diffs = _diff_variables(single.weights, template.weights, "")
     diffs += _diff_variables(single.optimizer.variables, parallel.optimizer.variables, "optimizer/")
+    figures: dict = {}
+    if float64 is not None:
+        training = dict(keras=keras, keras2=keras2, optimizer=optimizer, loss=loss, loss_weights=loss_weights,
+                        metrics=metrics, fit_args=fit_args, jit_compile=jit_compile)
+        loss_reference = _fit_float64(float64, x, y, **training)
+        _fit_float64(parallel64, x, y, **training, callbacks=callbacks)
+        exact64 = _diff_variables(float64.weights, template64.weights, "")
+        exact64 += _diff_variables(float64.optimizer.variables, parallel64.optimizer.variables, "optimizer/")
+        pairs = [(float64.weights, single.weights, template.weights, "")]
+        if _same_shapes(float64.optimizer.variables, single.optimizer.variables):
+            pairs.append((float64.optimizer.variables, single.optimizer.variables, parallel.optimizer.variables,
+                          "optimizer/"))
+        against_single: list[WeightDiff] = []
+        against_parallel: list[WeightDiff] = []
+        for exact, one, other, prefix in pairs:
+            against_single += _diff_against(exact, one, one, prefix)
+            against_parallel += _diff_against(exact, other, one, prefix)
+        figures = dict(
+            reference=reference, reference_single=_max_deviation(against_single),
+            reference_parallel=_max_deviation(against_parallel), reference_diffs_single=tuple(against_single),
+            reference_diffs_parallel=tuple(against_parallel), loss_reference=loss_reference,
+            reference_exact=_max_deviation(exact64),
+        )
     steps = epochs * math.ceil(n / batch_size)
     metric_keys = [k for k in histories[0] if k != "loss"]
     return EquivalenceReport(
@@ -233,6 +415,7 @@ def compare_training(
         loss_parallel=tuple(histories[1]["loss"]),
         metrics_single={k: histories[0][k] for k in metric_keys},
         metrics_parallel={k: histories[1].get(k) for k in metric_keys},
+        **figures,
     )
 
 
@@ -253,3 +436,163 @@ def _diff_variables(reference, other, prefix: str) -> list[WeightDiff]:
 
 def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name  # Keras 3 variables have a path, tf.Variables a name
+
+
+def _same_shapes(reference, other) -> bool:
+    return len(reference) == len(other) and all(
+        tuple(np.shape(a)) == tuple(np.shape(b)) for a, b in zip(reference, other))
+
+
+def _diff_against(exact, run, named, prefix: str) -> list[WeightDiff]:
+    """``WeightDiff`` of each variable of ``run`` from the float64 run's, scaled by the float64 values."""
+    if not _same_shapes(exact, run):
+        raise ValueError(
+            f"build_model() built a float64 model whose {prefix or 'model '}variables differ from the float32 "
+            f"model's: {[tuple(np.shape(v)) for v in exact]} vs {[tuple(np.shape(v)) for v in run]}"
+        )
+    diffs = []
+    for ref, var, name in zip(exact, run, named):
+        a = np.asarray(ref)
+        diff, scale = relative_deviation(a, np.asarray(var))
+        diffs.append(WeightDiff(prefix + _variable_name(name), tuple(a.shape), diff, scale))
+    return diffs
+
+
+_LOW_FLOATS = ("float16", "bfloat16", "float32")
+
+
+def _dtype_name(dtype) -> str:
+    return str(getattr(dtype, "name", dtype))
+
+
+@contextmanager
+def _float64_policy(keras, keras2: bool) -> Iterator[None]:
+    """The global dtype policy and floatx of ``keras`` set to float64; the previous ones restored on exit."""
+    if keras2:  # Keras 2: tf_keras, or TF <= 2.15's keras
+        policy, floatx = keras.mixed_precision.global_policy(), keras.backend.floatx()
+        set_policy, set_floatx = keras.mixed_precision.set_global_policy, keras.backend.set_floatx
+    else:
+        policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
+        set_policy, set_floatx = keras.config.set_dtype_policy, keras.config.set_floatx
+    try:
+        set_floatx("float64")
+        set_policy("float64")
+        yield
+    finally:
+        set_floatx(floatx)
+        set_policy(policy)
+
+
+def _as_float64(data):
+    """``data`` with its float arrays (float16, bfloat16, float32) cast to float64; other leaves as they are."""
+    if data is None:
+        return None
+    import tensorflow as tf
+
+    def cast(leaf):
+        if _dtype_name(getattr(leaf, "dtype", None)) in _LOW_FLOATS:
+            return np.asarray(leaf).astype(np.float64)
+        return leaf
+
+    return tf.nest.map_structure(cast, data)
+
+
+def _float64_loss(loss, keras, keras2: bool):
+    """``loss`` with each Keras 3 ``Loss`` object re-created under floatx float64 (they fix their dtype when made).
+
+    Keras 2 losses compute in the predictions' dtype; names and functions are
+    wrapped by ``compile`` under the float64 floatx.
+    """
+    if keras2:
+        return loss
+    if isinstance(loss, dict):
+        return {k: _float64_loss(v, keras, keras2) for k, v in loss.items()}
+    if isinstance(loss, (list, tuple)):
+        return type(loss)(_float64_loss(v, keras, keras2) for v in loss)
+    if not isinstance(loss, keras.losses.Loss):
+        return loss
+    try:
+        copy = loss.__class__.from_config(loss.get_config())
+    except Exception as error:  # a custom Loss whose config does not re-create it
+        raise ValueError(
+            f"reference='float64' needs the loss in float64, and {loss!r} computes in {loss.dtype} and could not be "
+            f"re-created from its config ({type(error).__name__}: {error}); pass a loss name or function, or give "
+            f"the Loss a get_config that from_config accepts"
+        ) from error
+    if _dtype_name(copy.dtype) != "float64":
+        raise ValueError(f"reference='float64' needs the loss in float64, and {loss!r} re-created from its config "
+                         f"computes in {copy.dtype} (its constructor fixes the dtype)")
+    return copy
+
+
+def _layers(model) -> Iterator:
+    """``model`` and every layer inside it, nested models' layers included."""
+    yield model
+    for layer in getattr(model, "layers", ()):
+        yield from _layers(layer)
+
+
+def _low_precision(layer) -> bool:
+    return type(layer).__name__ != "InputLayer" and (  # an explicit float32 Input only keeps float32 data as it is
+        _dtype_name(getattr(layer, "compute_dtype", None)) in _LOW_FLOATS)
+
+
+def _make_float64(model, keras2: bool) -> None:
+    """Makes the float64 reference float64 throughout, or refuses it naming what stays in a lower precision.
+
+    A layer given its own ``dtype`` (the mixed precision pattern
+    ``Activation("softmax", dtype="float32")``) keeps it under the float64
+    policy. Keras 3 layers without variables of their own get the float64
+    policy set (``Layer.dtype_policy``, public); a layer whose variables were
+    made in a lower precision, and any such Keras 2 layer, is refused.
+    """
+    low = []
+    for layer in _layers(model):
+        if not _low_precision(layer):
+            continue
+        own = [v for v in getattr(layer, "weights", ()) if _dtype_name(v.dtype) in _LOW_FLOATS]
+        if not keras2 and not own and not getattr(layer, "layers", None):
+            layer.dtype_policy = "float64"
+        else:
+            low.append(f"layer {layer.name!r} computes in {_dtype_name(layer.compute_dtype)}")
+    low += [f"variable {_variable_name(v)!r} is {_dtype_name(v.dtype)}" for v in model.weights
+            if _dtype_name(v.dtype) in _LOW_FLOATS]
+    if low:
+        raise ValueError(
+            "reference='float64': build_model() under the float64 dtype policy still builds lower precision ("
+            f"{'; '.join(low[:8])}{'; ...' if len(low) > 8 else ''}). Build those layers from the global dtype policy "
+            "(no dtype= of their own) so that the reference can be float64 throughout"
+        )
+
+
+def _build_float64(build_model, initial_weights, keras, keras2: bool):
+    """``build_model()`` under the float64 policy, checked to be float64 throughout, with ``initial_weights``."""
+    with _float64_policy(keras, keras2):
+        model = build_model()
+    _make_float64(model, keras2)
+    weights = model.get_weights()
+    if not _same_shapes(weights, initial_weights):
+        raise ValueError(
+            f"build_model() built a float64 model whose weights differ from the float32 model's: "
+            f"{[np.shape(w) for w in weights]} vs {[np.shape(w) for w in initial_weights]}"
+        )
+    model.set_weights([np.asarray(w).astype(np.float64) if _dtype_name(np.asarray(w).dtype) in _LOW_FLOATS
+                       else w for w in initial_weights])
+    return model
+
+
+def _fit_float64(model, x, y, *, keras, keras2: bool, optimizer, loss, loss_weights, metrics, fit_args: dict,
+                 jit_compile, callbacks=None) -> tuple[float, ...]:
+    """Trains the float64 reference on one device with the float32 runs' batches; returns its loss per epoch.
+
+    Compiled and trained under the float64 policy: Keras 3 fixes the dtype of
+    losses and of the optimizer's learning rate when it makes them.
+    """
+    with _float64_policy(keras, keras2):
+        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=_float64_loss(loss, keras, keras2),
+                      loss_weights=loss_weights, metrics=_fresh_metrics(metrics, keras),
+                      **_jit_argument(jit_compile, keras))
+        # fit_args: the float32 runs' batch size, epochs (no shuffling), sample and class weights
+        history = model.fit(_as_float64(x), _as_float64(y), callbacks=callbacks,
+                            **{**fit_args, "sample_weight": _as_float64(fit_args["sample_weight"])})
+    return tuple(history.history["loss"])

@@ -241,7 +241,7 @@ def _extra_callbacks(config: RunConfig, model) -> list:
     if config.throttle:
         callbacks.append(_throttle_callback(config, model))
     if config.rebalance_every is not None:
-        from harness.tuning.rebalance import Rebalance
+        from harness.parallel.rebalance import Rebalance
 
         callbacks.append(Rebalance(every=config.rebalance_every))
     return callbacks

@@ -14,7 +14,8 @@ from harness.testing import add_junit_property
 _FLAVOUR = keras_flavour()
 _KERAS_PACKAGE_IS_2 = _FLAVOUR.package == "keras" and _FLAVOUR.major == 2
 NOT_COLLECTED = ("parallel", "regressions", "bench")
-RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_device_listing.py", "test_watchdog.py")
+RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_conformance.py", "test_device_listing.py",
+                 "test_watchdog.py")
 REASON = f"{_FLAVOUR.why}: these suites build Keras 3 models (Keras 2 runs their Keras 2 files)"
 
 _HERE = Path(__file__).parent

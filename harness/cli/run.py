@@ -237,7 +237,7 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
 
 def _resplit_text(window: dict) -> str:
     """The rebalancer's re-splits during a window, one line each."""
-    from harness.tuning.resplit import describe
+    from harness.parallel.resplit import describe
 
     return "".join(f"\n   {describe(entry)}" for entry in window.get("resplits") or ())
 

@@ -12,13 +12,6 @@ _METHODS = ("towers", "mirrored")
 
 
 
-class Untracked:
-    """Holds a value without Keras tracking it (its weights or variables stay out of the model's)."""
-
-    def __init__(self, value):
-        self.value = value
-
-
 def parallelize(
     model,
     devices: int | Sequence[str | int],
@@ -38,9 +31,11 @@ def parallelize(
     Args:
         model: a built ``keras.Model`` (Functional, Sequential or subclassed). A
             Keras 2 model (``tf_keras``, or TF <= 2.15's ``keras``) gets the
-            models of ``harness.parallel.keras2`` (emulated devices and
-            ``ratios="auto"`` included); layers they cannot train exactly
-            raise ``harness.compat.Keras2NotSupported``.
+            same steps through its adapter (``harness.parallel.adapters``);
+            layers it cannot train exactly raise
+            ``harness.compat.Keras2NotSupported``. A model with its own
+            ``train_step``/``test_step``/``compute_loss`` is refused
+            (``NotImplementedError``): the parallel steps would skip it.
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU).
         ratios: one positive number per device; ``None`` splits evenly.
@@ -69,7 +64,8 @@ def parallelize(
     Raises:
         TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
         ValueError: unbuilt model, unknown method or devices, invalid ratios.
-        Keras2NotSupported: a Keras 2 model with a layer not built for Keras 2 yet (names it).
+        Keras2NotSupported: a Keras 2 model with a layer it cannot train exactly (names it).
+        NotImplementedError: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``.
 
     Example:
         >>> import harness, keras
@@ -79,13 +75,13 @@ def parallelize(
         >>> parallel.compile(optimizer="sgd", loss="mse")
         >>> tuned = harness.parallelize(model, devices, ratios="auto")  # split tuned while training
     """
-    from harness.compat import is_keras2_model
+    from harness.compat import Keras2NotSupported, is_keras2_model
     from harness.devices import resolve_devices
+    from harness.parallel.adapters import adapter_for
 
     if method not in _METHODS:
         raise ValueError(f"method must be one of {list(_METHODS)}; got method={method!r}")
-    keras2 = is_keras2_model(model)  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
-    if not keras2:
+    if not is_keras2_model(model):  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
         import keras
 
         if not isinstance(model, keras.Model):
@@ -94,24 +90,26 @@ def parallelize(
         raise ValueError(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
         )
+    _refuse_own_train_step(model)
     names = resolve_devices(devices)
     auto = _is_auto(ratios)
     ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
     merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
-    if keras2:
-        from harness.parallel.keras2 import build as build_keras2
-
-        parallel = build_keras2(model, names, ratios, merge, method=method, sync_batchnorm=sync_batchnorm,
-                                emulator=_emulator(emulate, names))
+    adapter = adapter_for(model)
+    refused = adapter.unsupported(model, method, sync_batchnorm)
+    if refused:
+        raise Keras2NotSupported(
+            f"method={method!r} on a Keras 2 model ({type(model).__module__}) cannot train exactly: "
+            + "; ".join(refused) + ". Use a Keras 3 model (import keras, TF >= 2.16), or sync_batchnorm=False"
+        )
+    if method == "towers":
+        from harness.parallel.towers import towers_class as make
     else:
-        if method == "towers":
-            from harness.parallel.towers import TowersModel as cls
-        else:
-            from harness.parallel.mirrored import MirroredModel as cls
-        parallel = cls(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+        from harness.parallel.mirrored import mirrored_class as make
+    parallel = make(adapter)(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
     if auto:
         from harness.compat import keras_module_of
-        from harness.tuning.rebalance import rebalance_class
+        from harness.parallel.rebalance import rebalance_class
 
         parallel.time_devices()
         parallel._rebalancer_ref.value = rebalance_class(keras_module_of(model))(every=AUTO_EVERY, warmup=AUTO_WARMUP)
@@ -120,6 +118,23 @@ def parallelize(
 
 AUTO_EVERY = 10  # ratios="auto": steps per measurement window
 AUTO_WARMUP = 2  # ... and steps ignored first (tracing) and after each re-split
+
+
+def _refuse_own_train_step(model) -> None:
+    """A model with its own ``train_step``/``test_step`` would have it bypassed: refused, by name."""
+    import importlib
+
+    from harness.compat import keras_module_name
+
+    base = importlib.import_module(keras_module_name(model)).Model
+    own = [name for name in ("train_step", "test_step", "compute_loss")
+           if getattr(type(model), name, None) is not getattr(base, name, None)]
+    if own:
+        raise NotImplementedError(
+            f"model {model.name!r} ({type(model).__name__}) defines its own {', '.join(own)}; a parallel model "
+            "runs its own exact steps and would silently skip yours. Move the custom logic into call() / "
+            "add_loss(), or train this model on one device"
+        )
 
 
 def _is_auto(ratios) -> bool:

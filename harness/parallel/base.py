@@ -1,24 +1,32 @@
-"""The parallel model both methods share: a Keras model around a template.
+"""The parallel model both methods share, in both Keras generations.
 
 A ``ParallelModel`` is compiled, fitted, evaluated and predicted with like any
 Keras model. Its steps split each batch by ratios (``slicing``), run the
 devices, and compute loss and metrics on the *whole* batch, so a parallel step
-equals a single-device step. Saving writes the plain template model.
+equals a single-device step. Where Keras 3 and Keras 2 differ, the step asks
+the model's ``Adapter`` (``harness.parallel.adapters``); the concrete classes
+are made per Keras module by ``towers.towers_class`` and
+``mirrored.mirrored_class``. Saving writes the plain template model.
+
+What a merged output keeps: the rows of every device in batch order, and the
+mask and the logits Keras keeps on an output (a softmax's cross-entropy is
+computed from its logits; masked timesteps are left out of the loss and the
+metrics), merged the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 from enum import Enum
+from typing import Any
 
-import keras
 import tensorflow as tf
-from keras import tree
 
-from harness.parallel import Untracked, slicing
-from harness.parallel.common import ParallelCommon
+from harness.parallel import slicing
+from harness.parallel.adapters.base import add_all
+from harness.parallel.common import ParallelCommon, Untracked
 
-__all__ = ["Method", "ParallelModel"]
+__all__ = ["Method", "ParallelModel", "add_all"]
 
 
 class Method(str, Enum):
@@ -28,56 +36,94 @@ class Method(str, Enum):
     MIRRORED = "mirrored"
 
 
-class ParallelModel(ParallelCommon, keras.Model):
-    """Base of the towers and mirrored models; not built directly."""
+class ParallelModel(ParallelCommon):
+    """Base of the towers and mirrored models (mixed in before a Keras ``Model``); not built directly."""
 
     method: Method
+    _adapter: Any = None  # the Adapter of the model's Keras: set on each concrete class
 
-    def __init__(self, template: keras.Model, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
+    def __init__(self, template, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
                  merge_device: str, emulator=None):
-        super().__init__(name=f"{self.method.value}_{template.name}")
+        super().__init__(name=f"{self.method.value}_{template.name}")  # type: ignore[call-arg]  # a Keras Model
         self._template_ref = Untracked(template)
         self._init_common(devices, ratios, merge_device, emulator)
         self.sync_batchnorm = bool(sync_batchnorm)
         # tf.data hands batches over on the host: slice there, ship only the slices.
         self.input_device = "/device:CPU:0"
+        names = getattr(template, "output_names", None)
+        if names:  # compile() matches dict losses and metrics to outputs by these names
+            self.output_names = list(names)
 
     # -- the wrapped models -------------------------------------------------
     @property
-    def template(self) -> keras.Model:
+    def template(self):
         """The single-device model passed in; holds the trained weights after ``fit``."""
         return self._template_ref.value
 
     @property
-    def core(self) -> keras.Model:
+    def core(self):
         """The model whose variables are trained (the template, or its mirrored clone)."""
         return self._core_model
 
     def call(self, inputs, training=None):
         return self.core(inputs, training=training)
 
-    # -- shared step pieces ---------------------------------------------------
+    # -- split and merge --------------------------------------------------------
     def _split(self, x):
-        """Per-device sizes and slices of ``x``, cut on the host by the current split."""
+        """``(n, sizes, slices)``: the batch size, per-device sizes and slices of ``x``, cut on the host."""
         with tf.device(self.input_device):
             n = slicing.batch_size_of(x)
             sizes = slicing.split_sizes(n, self._shares_ref.value)
             return n, sizes, slicing.split_structure(x, sizes, len(self.devices))
 
     def _merge(self, parts):
+        """The devices' output structures joined in batch order, masks and logits included."""
         with tf.device(self.merge_device):
-            return slicing.concat_structures(parts)
+            extras = [self._extras(p) for p in parts]
+            keys = set.intersection(*(set(e) for e in extras))
+            joined = {key: slicing.concat_structures([e[key] for e in extras]) for key in sorted(keys)}
+            return self._attach(slicing.concat_structures(parts), joined)
 
-    def _report(self, x, y, y_pred, sample_weight, loss):
-        """Updates the loss tracker and compiled metrics on the whole batch."""
-        self._loss_tracker.update_state(loss, sample_weight=slicing.batch_size_of(x))
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+    def _extras(self, structure) -> dict:
+        """The masks and logits on the leaves of ``structure``: ``{"mask3": ..., "logits0": ...}``."""
+        a, found = self._adapter, {}
+        for i, leaf in enumerate(tf.nest.flatten(structure)):
+            for kind, value in (("mask", a.get_mask(leaf)), ("logits", a.get_logits(leaf))):
+                if value is not None:
+                    found[f"{kind}{i}"] = value
+        return found
 
-    def _whole_batch_loss(self, y, y_pred, sample_weight, extra, scale=1.0):
-        """Compiled loss (times ``scale``) + layer losses + weight penalties, as Keras' ``compute_loss``."""
+    def _attach(self, structure, extras: dict):
+        """``structure`` with ``extras`` (as ``_extras`` returns them) put back on its leaves."""
+        for i, leaf in enumerate(tf.nest.flatten(structure)):
+            if f"mask{i}" in extras:
+                self._adapter.set_mask(leaf, extras[f"mask{i}"])
+            if f"logits{i}" in extras:
+                self._adapter.set_logits(leaf, extras[f"logits{i}"])
+        return structure
+
+    def _end_device(self, device: str, y, token):
+        return self._attach(super()._end_device(device, y, token), self._extras(y))
+
+    # -- loss -------------------------------------------------------------------
+    def _call_losses(self, layer, share=None):
+        """The call-time losses ``layer`` added, as a share of the whole batch's (``share``: n_i / N)."""
+        losses = add_all(self._adapter.call_losses(layer))
+        return losses * share if share is not None and self._adapter.call_losses_are_means else losses
+
+    def _penalties(self):
+        return add_all(self._adapter.weight_penalties(self.core))
+
+    def _whole_batch_loss(self, y, y_pred, sample_weight, extra):
+        """Compiled loss + call-time losses + weight penalties, as Keras' ``compute_loss`` on one device."""
         with tf.device(self.merge_device):
-            main = [] if self._compile_loss is None else [self._compile_loss(y, y_pred, sample_weight) * scale]
-            return add_all(main + [extra] + weight_losses(self.core))
+            return add_all([self._adapter.loss(self, y, y_pred, sample_weight), extra])
+
+    def _report(self, x, y, y_pred, sample_weight, extra):
+        """Updates the loss metrics and compiled metrics once, on the whole batch."""
+        with tf.device(self.merge_device):
+            self._adapter.report_loss(self, y, y_pred, sample_weight, extra, slicing.batch_size_of(x))
+            return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def _by_batch_size(self, x, parallel, single):
         """``parallel()`` unless the batch is smaller than the device count, then ``single()``.
@@ -89,30 +135,39 @@ class ParallelModel(ParallelCommon, keras.Model):
         """
         if len(self.devices) == 1:
             return parallel()
-        return tf.cond(slicing.batch_size_of(x) >= len(self.devices), parallel, single)
 
-    # In the strategy's scope Keras scales mean losses by 1/replicas; the mirrored model undoes it.
-    _in_scope_loss_scale = 1.0
+        def carrying(branch):  # tf.cond returns new tensors: the masks and logits go through it too
+            def run():
+                y_pred, *rest = branch()
+                return (y_pred, self._extras(y_pred), *rest)
+            return run
 
+        y_pred, extras, *rest = tf.cond(slicing.batch_size_of(x) >= len(self.devices), carrying(parallel),
+                                        carrying(single))
+        return (self._attach(y_pred, extras), *rest)
+
+    # -- the single-device step (batches smaller than the device count) -----------------
     def _cross_replica(self):
         return contextlib.nullcontext()
 
     def _single_forward(self, x, training: bool):
         with tf.device(self.merge_device):
             y_pred = self.core(x, training=training)
-            return y_pred, add_all(own_losses(self.core))
+            return y_pred, self._call_losses(self.core)
 
     def _single_train(self, x, y, sample_weight):
+        """``(y_pred, extra)``: one training step of the whole batch on the merge device."""
         with self._cross_replica():
             with tf.GradientTape() as tape:
                 y_pred, extra = self._single_forward(x, training=True)
-                loss = self._whole_batch_loss(y, y_pred, sample_weight, extra, self._in_scope_loss_scale)
-                scaled = self.optimizer.scale_loss(loss)
+                extra = extra + self._penalties()
+                loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
+                scaled = self._adapter.scale_loss(self.optimizer, loss)
             weights = self.core.trainable_weights
             with tf.device(self.merge_device):
                 grads = tape.gradient(scaled, self._local_variables(weights))
             self._apply_whole_gradients(grads, weights)
-        return loss, y_pred
+        return y_pred, extra
 
     def _local_variables(self, weights):
         """What a forward pass on the merge device read: the variables themselves here."""
@@ -120,15 +175,15 @@ class ParallelModel(ParallelCommon, keras.Model):
 
     def _apply_whole_gradients(self, grads, weights):
         """Applies gradients computed outside any replica."""
-        self.optimizer.apply_gradients(zip(grads, weights))
+        self._adapter.apply_gradients(self.optimizer, grads, weights)
 
     # -- the Keras steps ----------------------------------------------------------
     def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        loss, y_pred = self._by_batch_size(
+        x, y, sample_weight = self._adapter.k.utils.unpack_x_y_sample_weight(data)
+        y_pred, extra = self._by_batch_size(
             x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight)
         )
-        return self._report(x, y, y_pred, sample_weight, loss)
+        return self._report(x, y, y_pred, sample_weight, extra)
 
     def _forward(self, x):
         return self._by_batch_size(
@@ -136,37 +191,19 @@ class ParallelModel(ParallelCommon, keras.Model):
         )
 
     def test_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = self._adapter.k.utils.unpack_x_y_sample_weight(data)
         y_pred, extra = self._forward(x)
-        return self._report(x, y, y_pred, sample_weight, self._whole_batch_loss(y, y_pred, sample_weight, extra))
+        return self._report(x, y, y_pred, sample_weight, extra + self._penalties())
 
     def predict_step(self, data):
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        x, _, _ = self._adapter.k.utils.unpack_x_y_sample_weight(data)
         return self._forward(x)[0]
 
     def _parallel_train(self, x, y, sample_weight):
-        """One training step over all devices; returns ``(loss, y_pred)``."""
+        """One training step over all devices; returns ``(y_pred, extra)``: the merged predictions and the
+        call-time losses and weight penalties of the whole batch, before the update."""
         raise NotImplementedError
 
     def _parallel_forward(self, x):
-        """Inference over all devices; returns ``(y_pred, layer_losses)``."""
+        """Inference over all devices; returns ``(y_pred, call-time losses)``."""
         raise NotImplementedError
-
-
-def own_losses(model: keras.Model) -> list:
-    """Losses added during the last call (``add_loss``, activity regularisers).
-
-    Keras 3 activity regularisers are sums over the samples, so the losses of
-    the devices' slices add up to the whole batch's.
-    """
-    return [loss for layer in model._flatten_layers(include_self=True) for loss in layer._get_own_losses()]
-
-
-def weight_losses(model: keras.Model) -> list:
-    """Weight regularisation losses: a function of the weights only, counted once per step."""
-    return model._get_regularization_losses()
-
-
-def add_all(values: list, dtype="float32"):
-    values = [tf.cast(v, dtype) for v in tree.flatten(values)]
-    return tf.add_n(values) if values else tf.zeros((), dtype)

@@ -1,37 +1,43 @@
-"""Whole-batch BatchNormalization statistics across devices.
+"""Whole-batch BatchNormalization statistics across devices, in both Keras generations.
 
 Keras' own ``synchronized=True`` computes ``E[x^2] - E[x]^2``, which is not the
-two-pass ``tf.nn.moments`` a single device uses, so the parallel model would
-drift. Here the mean is all-reduced first, then the squared deviations from it,
-both weighted by true sample counts, so empty or uneven slices are exact
-(``harness.parallel.collective.global_moments``; the Keras 2 twin of this layer
-is in ``keras2_batchnorm``).
+two-pass moments a single device uses, so the parallel model would drift.
+Here the mean is combined first, then the squared deviations from it, both
+weighted by true sample counts, so empty or uneven slices are exact
+(``collective.global_moments``). Mirrored replicas get it from a synchronised
+layer (each adapter's ``SyncBatchNormalization``); towers from
+``batchnorm_towers``, one layer's training call over all towers at once.
 """
 
 from __future__ import annotations
 
-import keras
 import tensorflow as tf
 
-from harness.parallel.collective import global_moments, replica_all_reduce
+from harness.parallel.collective import global_moments
 
-__all__ = ["global_moments", "SyncBatchNormalization", "is_batchnorm"]
-
-
-def is_batchnorm(layer) -> bool:
-    return isinstance(layer, keras.layers.BatchNormalization)
+__all__ = ["batchnorm_towers"]
 
 
-class SyncBatchNormalization(keras.layers.BatchNormalization):
-    """BatchNormalization whose training statistics span all replicas.
+def batchnorm_towers(adapter, layer, xs: list, devices, merge_device) -> list:
+    """``layer``'s training call over all towers with the whole batch's moments; one output per tower."""
+    if any(adapter.get_mask(x) is not None for x in xs):
+        raise NotImplementedError(
+            f"masked inputs to BatchNormalization layer {layer.name!r} are not synchronised across towers; "
+            "use sync_batchnorm=False or method='mirrored'"
+        )
+    xs, axes = adapter.bn_prepare(layer, xs)
 
-    Used inside ``MirroredStrategy`` replicas; outside a replica context (or
-    with masks) it behaves exactly like the Keras layer it replaces.
-    """
+    def all_reduce(values):
+        with tf.device(merge_device):
+            total = tf.add_n(values)
+        return [total] * len(values)
 
-    def _moments(self, inputs, mask):
-        ctx = tf.distribute.get_replica_context()
-        if mask is not None or ctx is None or ctx.num_replicas_in_sync == 1:
-            return super()._moments(inputs, mask)
-        means, variances = global_moments([inputs], self._reduction_axes, replica_all_reduce)
-        return means[0], variances[0]
+    means, variances = global_moments(xs, axes, all_reduce, devices)
+    with tf.device(merge_device):
+        count = tf.add_n([tf.size(x) for x in xs]) // tf.maximum(1, tf.size(means[0]))
+    adapter.bn_update(layer, means[0], variances[0], count)
+    outputs = []
+    for device, x, mean, variance in zip(devices, xs, means, variances):
+        with tf.device(device):
+            outputs.append(adapter.bn_normalize(layer, x, mean, variance))
+    return outputs

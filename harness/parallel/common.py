@@ -1,8 +1,7 @@
 """What every parallel model shares, Keras 3 or Keras 2: the split, timing, rebalancing, saving.
 
 ``ParallelCommon`` is mixed in before the Keras ``Model`` of each parallel
-model (``base.ParallelModel`` for Keras 3; the towers and mirrored models of
-``keras2`` and ``keras2_mirrored``). It imports no Keras: where a Keras class is
+model (through ``base.ParallelModel``, for both Keras generations). It imports no Keras: where a Keras class is
 needed, it is the one of the model's own Keras (``compat.keras_module_of``).
 """
 
@@ -12,12 +11,18 @@ from typing import Any
 
 import tensorflow as tf
 
-from harness.parallel import Untracked
 from harness.split import shares, validate_ratios
 
-__all__ = ["ParallelCommon"]
+__all__ = ["ParallelCommon", "Untracked"]
 
 CALLBACKS_POSITION = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...)
+
+
+class Untracked:
+    """Holds a value without Keras tracking it (its weights or variables stay out of the model's)."""
+
+    def __init__(self, value):
+        self.value = value
 
 
 class ParallelCommon:
@@ -150,19 +155,19 @@ class ParallelCommon:
     def _check_rebalance(self, args, kwargs) -> None:
         """Refuses a ``Rebalance`` of another Keras, which this Keras' ``fit`` would fail on obscurely."""
         from harness.compat import keras_module_of
-        from harness.tuning.rebalance import is_rebalance
+        from harness.parallel.rebalance import is_rebalance
 
         k = keras_module_of(self)
         given = self._given_callbacks(args, kwargs)
         given = given.callbacks if isinstance(given, k.callbacks.CallbackList) else list(given or [])
         if any(is_rebalance(c) and not isinstance(c, k.callbacks.Callback) for c in given):
-            raise TypeError(f"this is a {k.__name__} model: its fit needs a {k.__name__} callback; use "
-                            f"harness.tuning.rebalance.rebalance_class({k.__name__})(...) instead of harness.Rebalance")
+            raise TypeError(f"this is a {k.__name__} model: its fit needs a {k.__name__} callback; use harness."
+                            f"parallel.rebalance.rebalance_class({k.__name__})(...) instead of harness.Rebalance")
 
     def _with_rebalancer(self, args, kwargs):
         """``fit``'s arguments with the built-in rebalancer added, unless the caller passed a ``Rebalance``."""
         from harness.compat import keras_module_of
-        from harness.tuning.rebalance import is_rebalance
+        from harness.parallel.rebalance import is_rebalance
 
         args = list(args)
         positional = len(args) > CALLBACKS_POSITION

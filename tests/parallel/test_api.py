@@ -96,7 +96,7 @@ def test_set_ratios_rejects_bad_ratios_and_keeps_the_split(logical_devices):
 
 
 def test_rebalance_refuses_a_plain_keras_model(logical_devices):
-    from harness.tuning.rebalance import Rebalance
+    from harness.parallel.rebalance import Rebalance
 
     x, y = _data()
     model = _dense()

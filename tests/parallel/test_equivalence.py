@@ -9,7 +9,7 @@ import keras
 import pytest
 
 import harness
-from harness.tuning.rebalance import Rebalance
+from harness.parallel.rebalance import Rebalance
 from harness.workloads import small
 
 LOSS = small.loss()

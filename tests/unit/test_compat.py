@@ -50,7 +50,7 @@ def test_keras_3_models_are_not_keras_2():
 def test_the_keras_module_of_a_wrapper_is_the_keras_of_its_base_class():
     # harness's Keras 2 wrappers live in harness modules; their base classes name the Keras.
     base = type("Model", (), {"__module__": "tf_keras.src.engine.training"})
-    wrapper = type("Keras2TowersModel", (base,), {"__module__": "harness.parallel.keras2"})()
+    wrapper = type("TowersModel", (base,), {"__module__": "harness.parallel.towers"})()
     assert compat.keras_module_name(wrapper) == "tf_keras"
     assert compat.keras_module_name(_model_of("keras.src.models.sequential")) == "keras"
     assert compat.keras_module_name(_model_of("keras.src.engine.sequential")) == "keras"  # TF 2.15's Keras 2

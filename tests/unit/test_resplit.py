@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from harness.parallel.resplit import busy_imbalance, capped_split, decide, describe
 from harness.split import split_batch
-from harness.tuning.resplit import busy_imbalance, capped_split, decide, describe
 
 
 def _window(rates, batches, steps=10, overhead_s=(0.0, 0.0)):

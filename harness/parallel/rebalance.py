@@ -5,7 +5,7 @@ their emulated time, real ones their real busy time: ``ParallelModel.time_device
 Every ``every`` steps the callback reads each device's busy seconds and samples,
 and when the devices' busy times per step drift apart by more than ``tolerance``
 (a card throttles, another job shares it) it sets the ratios to the measured
-samples per busy second (``harness.tuning.resplit``). The global batch never
+samples per busy second (``harness.parallel.resplit``). The global batch never
 changes and ``set_ratios`` keeps every step exact; the step function is not
 traced again.
 
@@ -25,8 +25,8 @@ import time
 
 import keras
 
+from harness.parallel.resplit import decide, describe
 from harness.split import split_batch
-from harness.tuning.resplit import decide, describe
 
 __all__ = ["Rebalance", "rebalance_class", "is_rebalance"]
 
@@ -217,7 +217,5 @@ def is_rebalance(callback) -> bool:
 
 
 def _is_parallel_model(model) -> bool:
-    """A model of ``harness.parallelize``, Keras 3 or Keras 2."""
-    from harness.parallel.common import ParallelCommon
-
-    return isinstance(model, ParallelCommon)
+    """A model of ``harness.parallelize``, Keras 3 or Keras 2 (``common.ParallelCommon``: it imports this module)."""
+    return all(callable(getattr(model, name, None)) for name in ("set_ratios", "time_devices"))

@@ -150,7 +150,7 @@ def decide(
 
 
 def describe(entry: dict) -> str:
-    """One line for one ``Rebalance.history`` entry (``harness.tuning.rebalance``)."""
+    """One line for one ``Rebalance.history`` entry (``harness.parallel.rebalance``)."""
     rates = ", ".join("-" if r is None else f"{r:.0f}" for r in entry["rates"])
     head = f"Rebalance: step {entry['step']}: measured {rates} samples/busy s"
     if entry["resplit"]:

@@ -1,0 +1,163 @@
+"""The adapter interface, and what both Keras generations spell alike.
+
+Each method is one thing a parallel step needs from Keras. ``Keras3Adapter``
+and ``Keras2Adapter`` implement them; the steps never look past them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["Adapter", "add_all"]
+
+
+def add_all(values, dtype="float32") -> tf.Tensor:
+    """The sum of a (nested) list of losses in ``dtype``; 0 for none (``None`` entries skipped)."""
+    values = [tf.cast(v, dtype) for v in tf.nest.flatten(values) if v is not None]
+    return tf.add_n(values) if values else tf.zeros((), dtype)
+
+
+class Adapter:
+    """What the parallel steps need from one Keras generation."""
+
+    #: the Keras module (``keras`` or ``tf_keras``)
+    k: Any = None
+    #: 3 or 2
+    generation = 0
+    #: Keras 2 divides an activity regulariser by the batch size of the call: a slice's losses
+    #: are means over the slice (weighted by n_i/N); Keras 3's are sums (added up).
+    call_losses_are_means = False
+
+    def __init__(self, k):
+        self.k = k
+
+    # -- tensors: the mask and the logits Keras keeps on an output ---------------------------
+    # Checked on Keras 3.0-3.15 (backend/tensorflow/nn.py, activations.py, backend/common/masking.py)
+    # and tf_keras/Keras 2.13-2.21 (backend.py, engine/base_layer.py): both keep them as
+    # attributes of the TensorFlow tensor.
+    @staticmethod
+    def get_mask(t):
+        return getattr(t, "_keras_mask", None)
+
+    @staticmethod
+    def set_mask(t, mask) -> None:
+        with contextlib.suppress(AttributeError):  # eager tensors may refuse attributes
+            t._keras_mask = mask
+
+    @staticmethod
+    def get_logits(t):
+        """The logits a softmax/sigmoid output was computed from: Keras' cross-entropy uses them."""
+        return getattr(t, "_keras_logits", None)
+
+    @staticmethod
+    def set_logits(t, logits) -> None:
+        with contextlib.suppress(AttributeError):
+            t._keras_logits = logits
+
+    @staticmethod
+    def sublayers(model) -> list:
+        """Every layer inside ``model``, nested ones included (Keras 3.0-3.15 and Keras 2.13-2.21 alike)."""
+        return list(model._flatten_layers(include_self=False))
+
+    # -- losses ---------------------------------------------------------------------------
+    def call_losses(self, layer) -> list:
+        """The losses ``layer`` and its sublayers added in their last call (activity regularisers, ``add_loss``)."""
+        raise NotImplementedError
+
+    def weight_penalties(self, model) -> list:
+        """Weight regularisation: a function of the weights only, counted once per step."""
+        raise NotImplementedError
+
+    def loss(self, model, y, y_pred, sample_weight):
+        """The compiled loss of ``y_pred`` (loss weights, masks), not scaled by any strategy; None without one."""
+        raise NotImplementedError
+
+    def untracked_losses(self, model):
+        """A context in which ``loss`` updates no loss metric (around ``strategy.run``)."""
+        return contextlib.nullcontext()
+
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
+        """Updates the loss metrics once, as a single-device step on the whole batch does."""
+        raise NotImplementedError
+
+    def prepare_compiled(self, model, core) -> None:
+        """After ``compile`` of a mirrored model: build what must exist before the replicas run."""
+
+    # -- optimizers -------------------------------------------------------------------------
+    def scale_loss(self, optimizer, loss):
+        """The loss a mixed-precision optimizer differentiates (scaled), else ``loss``."""
+        raise NotImplementedError
+
+    def apply_gradients(self, optimizer, grads, weights) -> None:
+        """Unscales (mixed precision) and applies; weights without a gradient (None) are skipped by Keras,
+        after it made their optimizer slots, as on one device."""
+        raise NotImplementedError
+
+    def build_optimizer(self, optimizer, variables) -> None:
+        raise NotImplementedError
+
+    # -- mirrored --------------------------------------------------------------------------------
+    def clone(self, template, strategy, sync_batchnorm: bool):
+        """``template`` cloned in ``strategy``'s scope with its weights, BatchNormalization synchronised.
+
+        Raises:
+            ValueError: Keras cannot clone ``template`` (the reason included).
+        """
+        try:
+            with strategy.scope():
+                replica = self._clone(template, sync_batchnorm)
+                replica.set_weights(template.get_weights())
+        except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(
+                f"method='mirrored' needs a model {self.k.__name__} can clone (Functional, Sequential, or subclassed "
+                f"with get_config/from_config, called on data once) to place its variables on every device; "
+                f"cloning {template.name!r} ({type(template).__name__}) failed: {err}"
+            ) from err
+        return replica
+
+    def _clone(self, template, sync_batchnorm: bool):
+        """``template`` cloned (in the current scope), nested models included."""
+        raise NotImplementedError
+
+    def local_variable(self, weight):
+        """Outside replicas, the copy of a mirrored variable on the current device."""
+        raise NotImplementedError
+
+    def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
+        """``"name (why)"`` of what this generation cannot train exactly with ``method``."""
+        return []
+
+    # -- BatchNormalization and the graph walk of towers ---------------------------------------
+    def is_batchnorm(self, layer) -> bool:
+        raise NotImplementedError
+
+    def batchnorm_refusal(self, layer) -> str | None:
+        """Why ``layer`` cannot get whole-batch statistics across towers, or None."""
+        return None
+
+    def bn_prepare(self, layer, xs: list) -> tuple[list, list[int]]:
+        """``(inputs cast to the statistics' dtype, reduction axes)`` of a BatchNormalization call."""
+        raise NotImplementedError
+
+    def bn_update(self, layer, mean, variance, count) -> None:
+        """Moves the layer's averages once by the whole batch's moments (``count`` values per channel)."""
+        raise NotImplementedError
+
+    def bn_normalize(self, layer, x, mean, variance):
+        """The layer's output for ``x`` normalised by the given moments."""
+        raise NotImplementedError
+
+    def graph_of(self, model):
+        """The Functional graph behind a Functional or built Sequential model, else None."""
+        raise NotImplementedError
+
+    def walk(self, graph, parts: list):
+        """A ``GraphWalk`` of ``graph`` with one tower per entry of ``parts``."""
+        raise NotImplementedError
+
+    def call_node(self, graph, op, args, kwargs, training):
+        """Calls one layer of ``graph`` on one tower's arguments, as the model's own call would."""
+        raise NotImplementedError

@@ -1,0 +1,292 @@
+"""The Keras 2 adapter: ``tf_keras`` (``TF_USE_LEGACY_KERAS=1``) and TF <= 2.15's ``keras``.
+
+Every private attribute and ``<module>.src`` import harness uses on Keras 2 is
+here, checked on tf_keras 2.15-2.21 and Keras 2.13-2.15 unless a comment says
+otherwise. What Keras 2 changes for the parallel steps:
+
+- call-time losses (activity regularisers) are means over the call's batch,
+  so a slice's are weighted by ``n_i / N``;
+- the compiled loss is the ``LossesContainer``'s loss objects, called here one
+  by one: ``compiled_loss`` itself scales mean losses (and the weight
+  penalties) by ``1/replicas`` inside a replica and updates its metrics there;
+- the fused BatchNormalization kernel (rank-4 inputs, ``layer.fused``) moves
+  the moving variance with Bessel's correction ``n/(n-1)``, the unfused path
+  does not: the synchronised layer and the towers apply it with the whole
+  batch's ``n``; Keras 2's own ``synchronized=True`` (E[x²]-E[x]²) is off;
+- a mixed-precision ``LossScaleOptimizer`` wants unscaled gradients in
+  ``apply_gradients``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import tensorflow as tf
+
+from harness.parallel.adapters.base import Adapter, add_all
+from harness.parallel.collective import global_moments, replica_all_reduce
+
+__all__ = ["Keras2Adapter"]
+
+
+def _bessel(n):
+    """The fused kernel's ``n / (n - 1)`` (1 for n <= 1)."""
+    return tf.where(n > 1, n / tf.maximum(n - 1, 1), tf.ones_like(n))
+
+
+def _sync_batchnorm_class(k):
+    """``SyncBatchNormalization`` of Keras 2 module ``k``."""
+
+    class SyncBatchNormalization(k.layers.BatchNormalization):
+        """BatchNormalization whose training statistics are the whole batch's, over all replicas.
+
+        Outside a replica context (or with a mask) it is the unfused Keras layer.
+        With ``bessel_moving_variance`` the moving variance is updated with the
+        unbiased variance, as the fused kernel of the template's layer does.
+        """
+
+        def __init__(self, *args, bessel_moving_variance: bool = False, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.bessel_moving_variance = bessel_moving_variance
+
+        @classmethod
+        def like(cls, layer):
+            """The synchronised, unfused twin of ``layer`` (a built ``BatchNormalization``)."""
+            config = {**layer.get_config(), "synchronized": False}
+            return cls(**config, fused=False, bessel_moving_variance=bool(layer.fused))
+
+        def _moments(self, inputs, reduction_axes, keep_dims, mask=None):
+            ctx = tf.distribute.get_replica_context()
+            local = mask is not None or ctx is None or ctx.num_replicas_in_sync == 1
+            if local:
+                mean, variance = super()._moments(inputs, reduction_axes, keep_dims, mask=mask)
+            else:
+                means, variances = global_moments([inputs], reduction_axes, replica_all_reduce)
+                mean, variance = means[0], variances[0]
+                for axis in sorted(reduction_axes) if keep_dims else []:
+                    mean, variance = tf.expand_dims(mean, axis), tf.expand_dims(variance, axis)
+            if self.bessel_moving_variance:  # samples per channel, over all replicas
+                count = tf.cast(tf.size(inputs) // tf.maximum(1, tf.size(self.moving_mean)), inputs.dtype)
+                # Per replica thread, for the moving-variance update of this call.
+                self._thread_local.batch_count = count if local else ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
+            return mean, variance
+
+        def _assign_moving_average(self, variable, value, momentum, inputs_size):
+            if self.bessel_moving_variance and variable is self.moving_variance:
+                value = value * _bessel(self._thread_local.batch_count)
+            return super()._assign_moving_average(variable, value, momentum, inputs_size)
+
+    return SyncBatchNormalization
+
+
+class Keras2Adapter(Adapter):
+    generation = 2
+    call_losses_are_means = True
+
+    def __init__(self, k):
+        super().__init__(k)
+        root = k.__name__
+        self._compile_utils = importlib.import_module(f"{root}.src.engine.compile_utils")
+        self._losses_utils = importlib.import_module(f"{root}.src.utils.losses_utils")
+        self._layer_utils = importlib.import_module(f"{root}.src.engine.base_layer_utils")
+        self.sync_batchnorm_class = _sync_batchnorm_class(k)
+
+    # -- losses ---------------------------------------------------------------------------------------
+    def call_losses(self, layer) -> list:
+        # Inside tf.function Keras 2 keeps call-time losses thread-local: per replica.
+        return [loss for sub in layer._flatten_layers() for loss in sub._eager_losses]
+
+    def weight_penalties(self, model) -> list:
+        return [loss() for layer in model._flatten_layers() for loss in layer._callable_losses]
+
+    def loss(self, model, y, y_pred, sample_weight):
+        container = model.compiled_loss
+        if container is None:
+            return None
+        y_true = tf.nest.flatten(container._conform_to_outputs(y_pred, y))
+        weights = tf.nest.flatten(container._conform_to_outputs(y_pred, sample_weight))
+        if not container._built:
+            container.build(y_pred)
+        values = []
+        for y_t, y_p, sw, loss_obj, loss_weight in zip(y_true, tf.nest.flatten(y_pred), weights,
+                                                       container._losses, container._loss_weights):
+            if y_t is None or loss_obj is None:
+                continue
+            y_t, y_p, sw = self._compile_utils.match_dtype_and_rank(y_t, y_p, sw)
+            sw = self._losses_utils.apply_mask(y_p, sw, self._losses_utils.get_mask(y_p))
+            value = loss_obj(y_t, y_p, sample_weight=sw)
+            values.append(value if loss_weight is None else value * loss_weight)
+        return add_all(values) if values else None
+
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
+        model.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra])
+
+    def prepare_compiled(self, model, core) -> None:
+        # Built outside the replicas: building creates its loss metrics. A subclassed model has no
+        # symbolic output: the container is built from the structure of one output on a tiny batch.
+        if self.graph_of(core) is not None or isinstance(core, self.k.Sequential):
+            model.compiled_loss.build(core.output)
+            return
+        args, kwargs = core.save_spec(dynamic_batch=True)
+        model.compiled_loss.build(core(*tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), args),
+                                       **kwargs))
+
+    # -- optimizers -----------------------------------------------------------------------------------
+    def _loss_scaling(self, optimizer) -> bool:
+        return isinstance(optimizer, self.k.mixed_precision.LossScaleOptimizer)
+
+    def scale_loss(self, optimizer, loss):
+        return optimizer.get_scaled_loss(loss) if self._loss_scaling(optimizer) else loss
+
+    def apply_gradients(self, optimizer, grads, weights) -> None:
+        # As minimize: slots for every weight, then the ones without a gradient are skipped (with a warning).
+        grads = list(grads)
+        if self._loss_scaling(optimizer):
+            grads = optimizer.get_unscaled_gradients(grads)  # None stays None
+        optimizer.apply_gradients(list(zip(grads, weights)))
+
+    def build_optimizer(self, optimizer, variables) -> None:
+        if hasattr(optimizer, "build"):  # the legacy optimizers have none
+            optimizer.build(variables)
+
+    # -- mirrored -------------------------------------------------------------------------------------
+    def _clone(self, template, sync_batchnorm: bool):
+        k, sync_class = self.k, self.sync_batchnorm_class
+        if self.graph_of(template) is None and not isinstance(template, k.Sequential):
+            return self._clone_subclassed(template, sync_batchnorm)
+
+        def clone(layer):
+            if isinstance(layer, k.Model):  # tf-keras' clone_model passes nested models whole
+                return k.models.clone_model(layer, clone_function=clone)
+            if sync_batchnorm and type(layer) is k.layers.BatchNormalization:
+                return sync_class.like(layer)
+            return layer.__class__.from_config(layer.get_config())
+
+        return k.models.clone_model(template, clone_function=clone)
+
+    def _clone_subclassed(self, template, sync_batchnorm: bool):
+        """A subclassed model rebuilt from its config and built on its saved input spec (tf_keras'
+        clone_model takes Functional and Sequential models only)."""
+        spec = template.save_spec(dynamic_batch=True)
+        if spec is None:
+            raise ValueError("it was never called on data, so its input shapes are unknown")
+        replica = type(template).from_config(template.get_config())
+        args, kwargs = spec
+        replica(*tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), args), **kwargs)
+        if sync_batchnorm:
+            for layer in self.sublayers(replica):
+                if type(layer) is self.k.layers.BatchNormalization:
+                    # The synchronised layer's unfused path, with the fused kernel's Bessel correction.
+                    layer.__class__ = self.sync_batchnorm_class
+                    layer.bessel_moving_variance = bool(layer.fused)
+                    layer.fused = False
+        return replica
+
+    def local_variable(self, weight):
+        return weight._get_on_device_or_primary()
+
+    def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
+        if not sync_batchnorm or not any(self.is_batchnorm(layer) for layer in self.sublayers(template)):
+            return []
+        found = []
+        for layer in self.sublayers(template):
+            if not self.is_batchnorm(layer):
+                continue
+            if method == "mirrored" and type(layer) is not self.k.layers.BatchNormalization:
+                found.append(f"{layer.name} ({type(layer).__name__}: only {self.k.__name__}.layers."
+                             "BatchNormalization can be synchronised across replicas)")
+            elif why := self.batchnorm_refusal(layer):
+                found.append(why)
+        if method == "towers" and self.graph_of(template) is None:
+            found.append(f"{template.name} (a subclassed model with BatchNormalization: whole-batch statistics "
+                         "need a Functional or Sequential model; or pass sync_batchnorm=False)")
+        return found
+
+    # -- BatchNormalization -----------------------------------------------------------------------------
+    def is_batchnorm(self, layer) -> bool:
+        return any(cls.__name__ == "BatchNormalizationBase" for cls in type(layer).__mro__)
+
+    def batchnorm_refusal(self, layer) -> str | None:
+        for attribute, what in (("renorm", "renorm=True"), ("virtual_batch_size", "virtual_batch_size"),
+                                ("adjustment", "adjustment")):
+            if getattr(layer, attribute, None):
+                return f"{layer.name} (BatchNormalization with {what}: not synchronised across towers)"
+        return None
+
+    def bn_prepare(self, layer, xs):
+        dtype = layer._param_dtype
+        rank = len(xs[0].shape)
+        return [tf.cast(tf.cast(x, layer.compute_dtype), dtype) for x in xs], \
+            [i for i in range(rank) if i not in layer.axis]
+
+    def bn_update(self, layer, mean, variance, count) -> None:
+        if layer.fused:  # the fused kernel's moving variance carries Bessel's correction
+            variance = variance * _bessel(tf.cast(count, variance.dtype))
+        layer._assign_moving_average(layer.moving_mean, mean, layer.momentum, None)
+        layer._assign_moving_average(layer.moving_variance, variance, layer.momentum, None)
+
+    def bn_normalize(self, layer, x, mean, variance):
+        shape = [1] * len(x.shape)
+        for axis in layer.axis:
+            shape[axis] = x.shape[axis]
+
+        def broadcast(v):
+            return tf.reshape(tf.cast(v, x.dtype), shape)
+
+        gamma = broadcast(layer.gamma) if layer.scale else None
+        beta = broadcast(layer.beta) if layer.center else None
+        y = tf.nn.batch_normalization(x, broadcast(mean), broadcast(variance), beta, gamma, layer.epsilon)
+        return tf.cast(y, layer.compute_dtype)
+
+    # -- the graph walk of towers -------------------------------------------------------------------------
+    def graph_of(self, model):
+        if getattr(model, "_is_graph_network", False) and hasattr(model, "_nodes_by_depth"):
+            return model
+        return None
+
+    def walk(self, graph, parts):
+        return _Walk(graph, parts)
+
+    def call_node(self, graph, op, args, kwargs, training):
+        op._clear_losses()  # in the call context below the layer does not clear them itself
+        with self._enter_call(graph, args, training):
+            return op(*args, **kwargs)
+
+    def _enter_call(self, model, inputs, training):
+        """A call context as ``model(inputs, training=...)`` opens (tf_keras and Keras 2.15 spell it apart)."""
+        context = self._layer_utils.call_context()
+        if "call_context_args" in inspect.signature(context.enter).parameters:
+            return context.enter(layer=model, inputs=inputs, build_graph=True,
+                                 call_context_args={"training": training})
+        return context.enter(layer=model, inputs=inputs, build_graph=True, training=training)
+
+
+class _Walk:
+    """A Keras 2 Functional graph walked node by node, as ``Functional._run_internal_graph`` does, per tower."""
+
+    def __init__(self, graph, parts):
+        self.graph = graph
+        self.values: list[dict] = [{} for _ in parts]
+        for values, part in zip(self.values, parts):
+            for ref, tensor in zip(graph.inputs, graph._flatten_to_reference_inputs(part)):
+                tensor = graph._conform_to_reference_input(tensor, ref_input=ref)
+                values[str(id(ref))] = [tensor] * graph._tensor_usage_count[str(id(ref))]
+
+    def nodes(self):
+        for depth in sorted(self.graph._nodes_by_depth, reverse=True):
+            for node in self.graph._nodes_by_depth[depth]:
+                if not node.is_input and all(t in self.values[0] for t in node.flat_input_ids):
+                    yield node, node.layer
+
+    def arguments(self, node, tower: int):
+        return node.map_arguments(self.values[tower])
+
+    def store(self, node, tower: int, outputs) -> None:
+        for ref_id, tensor in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+            self.values[tower][ref_id] = [tensor] * self.graph._tensor_usage_count[ref_id]
+
+    def outputs(self, tower: int):
+        values = self.values[tower]
+        return tf.nest.pack_sequence_as(self.graph._nested_outputs,
+                                        [values[str(id(ref))].pop() for ref in self.graph.outputs])

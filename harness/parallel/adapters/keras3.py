@@ -1,0 +1,196 @@
+"""The Keras 3 adapter (``keras`` >= 3 on the TensorFlow backend).
+
+Every private attribute and ``keras.src`` import harness uses on Keras 3 is
+here, checked on Keras 3.0 through 3.15 unless a comment says otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras import ops, tree
+
+from harness.parallel.adapters.base import Adapter, add_all
+from harness.parallel.collective import global_moments, replica_all_reduce
+
+__all__ = ["Keras3Adapter", "SyncBatchNormalization"]
+
+
+class SyncBatchNormalization(keras.layers.BatchNormalization):
+    """BatchNormalization whose training statistics span all replicas.
+
+    Keras' own ``synchronized=True`` computes ``E[x^2] - E[x]^2``, which is not
+    the two-pass moments one device computes; here the mean is all-reduced
+    first, then the squared deviations from it, weighted by true sample counts
+    (``collective.global_moments``). Outside a replica context (or with a mask)
+    it is the Keras layer. It adds no state, so a built layer can become one.
+    """
+
+    def _moments(self, inputs, mask):  # Keras 3.0-3.15: BatchNormalization._moments(inputs, mask)
+        ctx = tf.distribute.get_replica_context()
+        if mask is not None or ctx is None or ctx.num_replicas_in_sync == 1:
+            return super()._moments(inputs, mask)
+        means, variances = global_moments([inputs], self._reduction_axes, replica_all_reduce)
+        return means[0], variances[0]
+
+
+class Keras3Adapter(Adapter):
+    generation = 3
+    call_losses_are_means = False  # Keras 3 adds activity regularisers as sums over the samples
+
+    # -- losses ---------------------------------------------------------------------------------------
+    def call_losses(self, layer) -> list:
+        if not isinstance(layer, keras.layers.Layer):  # a graph node can be a plain Operation (keras.ops)
+            return []
+        return [loss for sub in layer._flatten_layers(include_self=True) for loss in sub._get_own_losses()]
+
+    def weight_penalties(self, model) -> list:
+        return model._get_regularization_losses()
+
+    def loss(self, model, y, y_pred, sample_weight):
+        compile_loss = model._compile_loss
+        if compile_loss is None:
+            return None
+        value = compile_loss(y, y_pred, sample_weight)
+        if value is None:
+            return None
+        # In a strategy's scope or replica Keras divides mean losses by the replica count.
+        from keras.src.losses.loss import unscale_loss_for_distribution
+
+        return unscale_loss_for_distribution(value)
+
+    @contextlib.contextmanager
+    def untracked_losses(self, model):
+        # CompileLoss updates one Mean per output from inside the call (3.x with several losses):
+        # inside replicas those plain variables would be updated per replica (and TF refuses
+        # mixing strategies). Its `metrics` list, None-filled, switches the updates off.
+        compile_loss = model._compile_loss
+        saved = None if compile_loss is None else compile_loss._metrics
+        if not saved:
+            yield
+            return
+        compile_loss._metrics = [None] * len(saved)
+        try:
+            yield
+        finally:
+            compile_loss._metrics = saved
+
+    def prepare_compiled(self, model, core) -> None:
+        # Keras builds its CompileLoss (and with several losses one Mean per output) on first use;
+        # inside a replica those variables would belong to the strategy. Built here from the
+        # model's symbolic outputs, as Keras' own symbolic build would (y_true shaped like y_pred).
+        compile_loss = model._compile_loss
+        outputs = getattr(core, "outputs", None)
+        if compile_loss is None or compile_loss.built or not outputs:
+            return  # a subclassed model: built on first use
+        graph = self.graph_of(core)
+        y_pred = tree.pack_sequence_as(graph._outputs_struct, outputs) if graph is not None else outputs
+        if isinstance(y_pred, (list, tuple)) and len(y_pred) == 1:
+            y_pred = y_pred[0]
+        compile_loss.build(y_pred, y_pred)
+
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
+        value = self.loss(model, y, y_pred, sample_weight)  # also updates the per-output loss metrics
+        model._loss_tracker.update_state(add_all([value, extra]), sample_weight=n)
+
+    # -- optimizers -----------------------------------------------------------------------------------
+    def scale_loss(self, optimizer, loss):
+        return optimizer.scale_loss(loss)  # a LossScaleOptimizer scales; apply() unscales
+
+    def apply_gradients(self, optimizer, grads, weights) -> None:
+        # Keras builds its slots for every weight, then skips the ones without a gradient (with a warning).
+        optimizer.apply_gradients(zip(grads, weights))
+
+    def build_optimizer(self, optimizer, variables) -> None:
+        optimizer.build(variables)
+
+    # -- mirrored -------------------------------------------------------------------------------------
+    def _clone(self, template, sync_batchnorm: bool):
+        # Nested models are cloned too (recursive), so their variables are mirrored as well;
+        # a subclassed model is rebuilt from its config.
+        replica = keras.models.clone_model(template, recursive=True) if self.graph_of(template) is not None \
+            else keras.models.clone_model(template)
+        if sync_batchnorm:
+            for layer in self.sublayers(replica):
+                if type(layer) is keras.layers.BatchNormalization:
+                    layer.__class__ = SyncBatchNormalization
+        return replica
+
+    def local_variable(self, weight):
+        return weight.value._get_on_device_or_primary()  # a Keras Variable around a MirroredVariable
+
+    # -- BatchNormalization -----------------------------------------------------------------------------
+    def is_batchnorm(self, layer) -> bool:
+        return isinstance(layer, keras.layers.BatchNormalization)
+
+    def batchnorm_refusal(self, layer) -> str | None:
+        if getattr(layer, "renorm", False):  # renorm arrived in Keras 3.? as an option
+            return f"{layer.name} (BatchNormalization with renorm=True: not synchronised across towers)"
+        return None
+
+    def bn_prepare(self, layer, xs):
+        dtype = "float64" if xs[0].dtype == tf.float64 else "float32"  # as BatchNormalization.call
+        return [ops.cast(x, dtype) for x in xs], list(layer._reduction_axes)
+
+    def bn_update(self, layer, mean, variance, count) -> None:
+        dtype = mean.dtype
+        momentum = layer.momentum
+        layer.moving_mean.assign(ops.cast(layer.moving_mean, dtype) * momentum + mean * (1.0 - momentum))
+        layer.moving_variance.assign(ops.cast(layer.moving_variance, dtype) * momentum + variance * (1.0 - momentum))
+
+    def bn_normalize(self, layer, x, mean, variance):
+        dtype = x.dtype
+        gamma = ops.cast(layer.gamma, dtype) if layer.scale else None
+        beta = ops.cast(layer.beta, dtype) if layer.center else None
+        y = ops.batch_normalization(x, mean=mean, variance=variance, axis=layer.axis, offset=beta, scale=gamma,
+                                    epsilon=layer.epsilon)
+        return ops.cast(y, layer.compute_dtype)
+
+    # -- the graph walk of towers -------------------------------------------------------------------------
+    def graph_of(self, model):
+        if isinstance(model, keras.Sequential):
+            model = getattr(model, "_functional", None)  # a built Sequential runs a Functional inside
+        if model is not None and hasattr(model, "_nodes_by_depth") and hasattr(model, "_run_through_graph"):
+            return model
+        return None
+
+    def walk(self, graph, parts):
+        return _Walk(graph, parts)
+
+    def call_node(self, graph, op, args, kwargs, training):
+        if training is not None and "training" in getattr(op, "_call_context_args", ()):
+            kwargs = {**kwargs, "training": training}
+        return op(*args, **kwargs)
+
+
+class _Walk:
+    """A Keras 3 Functional graph walked node by node, as ``Functional._run_through_graph`` does, per tower."""
+
+    def __init__(self, graph, parts):
+        self.graph = graph
+        self.values: list[dict] = [{} for _ in parts]
+        for values, x in zip(self.values, parts):
+            for ref, tensor in zip(graph.inputs, tree.flatten(graph._standardize_inputs(x))):
+                values[id(ref)] = tensor
+
+    def nodes(self):
+        for depth in sorted(self.graph._nodes_by_depth, reverse=True):
+            for node in self.graph._nodes_by_depth[depth]:
+                if node.operation and not node.is_input and all(id(t) in self.values[0] for t in node.input_tensors):
+                    yield node, node.operation
+
+    def arguments(self, node, tower: int):
+        return node.arguments.fill_in(self.values[tower])
+
+    def store(self, node, tower: int, outputs) -> None:
+        for ref, tensor in zip(node.outputs, tree.flatten(outputs)):
+            self.values[tower][id(ref)] = tensor
+
+    def outputs(self, tower: int):
+        values = self.values[tower]
+        result = tree.pack_sequence_as(self.graph._outputs_struct, [values[id(ref)] for ref in self.graph.outputs])
+        if isinstance(result, (list, tuple)) and len(result) == 1:
+            return result[0]
+        return result

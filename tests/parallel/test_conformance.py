@@ -1,0 +1,178 @@
+"""Models people train, on both methods and both Keras generations: each case crashed or drifted before.
+
+Written once: the ``any_keras`` fixture runs every test on Keras 3 and on Keras 2 (tf_keras, or TF
+2.15's keras) where installed. Each case trains one device against the parallel model from the same
+start over 2 epochs of 45 samples at batch 20 (a partial last batch of 5) with ratios [1, 3], and
+asserts the same weights, optimizer state and epoch losses within 1e-6.
+
+What each case guarded against (issue 15):
+- Embedding (sparse IndexedSlices gradients): mirrored raised a bare AssertionError.
+- two outputs with a list of losses and loss weights: mirrored raised "Mixing different
+  tf.distribute.Strategy objects" (Keras 3's per-output loss metrics were updated inside replicas).
+- Masking -> LSTM(return_sequences) -> Dense: merging slices dropped the output mask; both methods
+  drifted 1e-2 and the epoch losses differed.
+- a saturating softmax output: the merged predictions lost the logits Keras computes the
+  cross-entropy from; both methods drifted 1.3.
+- a subclassed model: mirrored refused to clone it; a weight without gradient crashed mirrored.
+"""
+
+import numpy as np
+import pytest
+
+import harness
+
+METHODS = ["towers", "mirrored"]
+
+
+def _embedding(k):
+    return k.Sequential([k.Input((12,), dtype="int32"), k.layers.Embedding(50, 8), k.layers.GlobalAveragePooling1D(),
+                         k.layers.Dense(3)])
+
+
+def _two_outputs(k):
+    x = k.Input((6,))
+    h = k.layers.Dense(8, activation="relu")(x)
+    return k.Model(x, [k.layers.Dense(3, name="cls")(h), k.layers.Dense(1, name="reg")(h)])
+
+
+def _masked_sequence(k):
+    return k.Sequential([k.Input((7, 3)), k.layers.Masking(0.0), k.layers.LSTM(5, return_sequences=True),
+                         k.layers.Dense(2)])
+
+
+def _softmax(k):
+    return k.Sequential([k.Input((6,)), k.layers.Dense(16, activation="relu"), k.layers.Dense(4, activation="softmax")])
+
+
+def _subclassed_class(k):
+    class Subclassed(k.Model):
+        """A subclassed model with a config (Keras can clone it) and a layer whose weights get no gradient."""
+
+        def __init__(self, units=4, **kwargs):
+            super().__init__(**kwargs)
+            self.units = units
+            self.hidden = k.layers.Dense(8, activation="relu")
+            self.head = k.layers.Dense(units)
+            self.unused = k.layers.Dense(2)  # built, never on the loss's path: no gradient
+
+        def call(self, x):
+            self.unused(x)
+            return self.head(self.hidden(x))
+
+        def get_config(self):
+            return {**super().get_config(), "units": self.units}
+
+    return Subclassed
+
+
+def _subclassed(k):
+    model = _subclassed_class(k)()
+    model(np.zeros((1, 6), "float32"))
+    return model
+
+
+def _data(name, n=45):
+    rng = np.random.default_rng(0)
+    if name == "embedding":
+        return rng.integers(0, 50, (n, 12)).astype("int32"), rng.integers(0, 3, n)
+    if name == "two_outputs":
+        return rng.normal(size=(n, 6)).astype("float32"), [rng.integers(0, 3, n), rng.normal(size=(n, 1))]
+    if name == "masked_sequence":
+        x = rng.normal(size=(n, 7, 3)).astype("float32")
+        for row in range(n):
+            x[row, rng.integers(2, 7):] = 0.0  # padded tails, masked
+        return x, rng.normal(size=(n, 7, 2)).astype("float32")
+    if name == "softmax":  # large inputs saturate the softmax: the loss needs its logits
+        return (30 * rng.normal(size=(n, 6))).astype("float32"), rng.integers(0, 4, n)
+    return rng.normal(size=(n, 6)).astype("float32"), rng.normal(size=(n, 4)).astype("float32")
+
+
+def _loss(k, name):
+    if name == "embedding":
+        return {"loss": k.losses.SparseCategoricalCrossentropy(from_logits=True)}
+    if name == "two_outputs":
+        return {"loss": [k.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"]}
+    if name == "softmax":
+        return {"loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}
+    return {"loss": "mse"}
+
+
+BUILDERS = {"embedding": _embedding, "two_outputs": _two_outputs, "masked_sequence": _masked_sequence,
+            "softmax": _softmax, "subclassed": _subclassed}
+
+
+def _compare(k, devices, name, method, ratios=(1, 3), **kwargs):
+    x, y = _data(name)
+    options = {**_loss(k, name), **kwargs}
+    return harness.compare_training(lambda: BUILDERS[name](k), x, y, devices=devices[: len(ratios)],
+                                    ratios=list(ratios), method=method, batch_size=20, epochs=2,
+                                    optimizer=lambda: k.optimizers.SGD(0.05, momentum=0.5), **options)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_models_people_train_are_exact(logical_devices, any_keras, name, method):
+    report = _compare(any_keras, logical_devices, name, method)
+    assert report.is_equivalent(1e-6), f"{name}, {method}:\n{report.table()}"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_loss_weights_and_dict_losses_of_two_outputs(logical_devices, any_keras, method):
+    k = any_keras
+    report = _compare(k, logical_devices, "two_outputs", method, ratios=(5, 3, 2),
+                      loss={"cls": k.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+                      loss_weights={"cls": 0.3, "reg": 2.0}, metrics={"cls": ["accuracy"]})
+    assert report.is_equivalent(1e-6), report.table()
+    assert report.metrics_single and report.metrics_single.keys() == report.metrics_parallel.keys()
+    for key, values in report.metrics_single.items():  # the per-output losses and accuracy, once per step
+        np.testing.assert_allclose(report.metrics_parallel[key], values, rtol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_class_weights(logical_devices, any_keras, method):
+    report = _compare(any_keras, logical_devices, "embedding", method, class_weight={0: 0.2, 1: 1.0, 2: 3.0})
+    assert report.is_equivalent(1e-6), report.table()
+
+
+def test_the_masked_loss_is_what_one_device_reports(logical_devices, any_keras):
+    """The epoch loss counts unmasked timesteps only (before the fix it counted the padding)."""
+    k = any_keras
+    x, y = _data("masked_sequence")
+    model = _masked_sequence(k)
+    single = _masked_sequence(k)
+    single.set_weights(model.get_weights())
+    parallel = harness.parallelize(model, logical_devices[:2], ratios=[3, 2], method="towers")
+    for m in (single, parallel):
+        m.compile(optimizer=k.optimizers.SGD(0.0), loss="mse")
+    np.testing.assert_allclose(parallel.evaluate(x, y, batch_size=20, verbose=0),
+                               single.evaluate(x, y, batch_size=20, verbose=0), rtol=1e-6)
+
+
+def test_a_model_with_its_own_train_step_is_refused_by_name(logical_devices, any_keras):
+    k = any_keras
+
+    class OwnStep(k.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    x = k.Input((4,))
+    model = OwnStep(x, k.layers.Dense(1)(x))
+    for method in METHODS:
+        with pytest.raises(NotImplementedError, match="defines its own train_step"):
+            harness.parallelize(model, logical_devices[:2], method=method)
+
+
+def test_multi_gpu_model_trains_as_one_device(logical_devices, any_keras):
+    """``multi_gpu_model`` (logical CPUs here) is the towers step: the same weights as one device."""
+    k = any_keras
+    x, y = _data("two_outputs")
+    model = _two_outputs(k)
+    single = _two_outputs(k)
+    single.set_weights(model.get_weights())
+    parallel = harness.multi_gpu_model(model, gpus=[0, 1], ratios=[3, 2])
+    loss = [k.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"]
+    for m in (single, parallel):
+        m.compile(optimizer=k.optimizers.SGD(0.05), loss=loss)
+        m.fit(x, y, batch_size=20, epochs=2, shuffle=False, verbose=0)
+    for a, b in zip(single.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
