@@ -15,14 +15,14 @@ from pathlib import Path
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-def run_python(code: str, timeout: float = 300) -> str:
+def run_python(code: str, timeout: float = 900) -> str:
     """Runs ``code`` with ``python -c``; returns its stdout, failing the test on a non-zero exit."""
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
 
 
-def run_harness(args: list[str], results_dir: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_harness(args: list[str], results_dir: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     """Runs ``python -m harness ARGS`` with its records going to ``results_dir``."""
     env = {**ENV, "HARNESS_RESULTS_DIR": str(results_dir)}
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True,
