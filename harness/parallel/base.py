@@ -22,11 +22,12 @@ from typing import Any
 
 import tensorflow as tf
 
+from harness.emulate import add_zero
 from harness.parallel import slicing
 from harness.parallel.adapters.base import add_all
 from harness.parallel.common import ParallelCommon, Untracked
 
-__all__ = ["Method", "ParallelModel", "add_all"]
+__all__ = ["Method", "ParallelModel", "add_all", "add_zero_where_present"]
 
 
 class Method(str, Enum):
@@ -108,8 +109,13 @@ class ParallelModel(ParallelCommon):
     # -- loss -------------------------------------------------------------------
     def _call_losses(self, layer, share=None):
         """The call-time losses ``layer`` added, as a share of the whole batch's (``share``: n_i / N)."""
-        losses = add_all(self._adapter.call_losses(layer))
-        return losses * share if share is not None and self._adapter.call_losses_are_means else losses
+        return self._as_share(self._adapter.call_losses(layer), share)
+
+    def _as_share(self, losses: list, share=None):
+        """The sum of one device's call-time ``losses`` as its part of the whole batch's: Keras 2's are
+        means over the slice (times ``share`` = n_i / N), Keras 3's sums."""
+        total = add_all(losses)
+        return total * share if share is not None and self._adapter.call_losses_are_means else total
 
     def _penalties(self):
         return add_all(self._adapter.weight_penalties(self.core))
@@ -207,3 +213,8 @@ class ParallelModel(ParallelCommon):
     def _parallel_forward(self, x):
         """Inference over all devices; returns ``(y_pred, call-time losses)``."""
         raise NotImplementedError
+
+
+def add_zero_where_present(grads, zero):
+    """``grads`` with an emulated device's exact ``zero`` added (None kept: a weight without gradient)."""
+    return [None if g is None else add_zero(g, zero) for g in grads]

@@ -17,9 +17,8 @@ import functools
 
 import tensorflow as tf
 
-from harness.parallel.base import Method, ParallelModel, add_all
+from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
-from harness.parallel.towers import add_zero_where_present
 
 __all__ = ["Mirrored", "mirrored_class"]
 

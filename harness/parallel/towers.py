@@ -13,9 +13,8 @@ import functools
 
 import tensorflow as tf
 
-from harness.emulate import add_zero
 from harness.parallel import layerwise
-from harness.parallel.base import Method, ParallelModel, add_all
+from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 
 __all__ = ["Towers", "towers_class"]
 
@@ -67,11 +66,8 @@ class Towers(ParallelModel):
                    for d, out, token in zip(self.devices, outputs, tokens)]
         with tf.device(self.merge_device):
             shares = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
-            extra = add_all([self._share(add_all(tower), shares[i]) for i, tower in enumerate(losses)])
+            extra = add_all([self._as_share(tower, shares[i]) for i, tower in enumerate(losses)])
         return self._merge(outputs), extra, pending
-
-    def _share(self, losses, share):
-        return losses * share if self._adapter.call_losses_are_means else losses
 
     def _parallel_train(self, x, y, sample_weight):
         a = self._adapter
@@ -94,11 +90,6 @@ class Towers(ParallelModel):
     def _parallel_forward(self, x):
         y_pred, extra, _ = self._towers(x, training=False)
         return y_pred, extra
-
-
-def add_zero_where_present(grads, zero):
-    """``grads`` with the emulated devices' exact ``zero`` added (None kept: a weight without gradient)."""
-    return [None if g is None else add_zero(g, zero) for g in grads]
 
 
 @functools.cache

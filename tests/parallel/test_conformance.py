@@ -134,13 +134,18 @@ def test_class_weights(logical_devices, any_keras, method):
     assert report.is_equivalent(1e-6), report.table()
 
 
+def _twins(build):
+    """A model and a single-device copy with the same weights."""
+    model, single = build(), build()
+    single.set_weights(model.get_weights())
+    return model, single
+
+
 def test_the_masked_loss_is_what_one_device_reports(logical_devices, any_keras):
     """The epoch loss counts unmasked timesteps only (before the fix it counted the padding)."""
     k = any_keras
     x, y = _data("masked_sequence")
-    model = _masked_sequence(k)
-    single = _masked_sequence(k)
-    single.set_weights(model.get_weights())
+    model, single = _twins(lambda: _masked_sequence(k))
     parallel = harness.parallelize(model, logical_devices[:2], ratios=[3, 2], method="towers")
     for m in (single, parallel):
         m.compile(optimizer=k.optimizers.SGD(0.0), loss="mse")
@@ -166,9 +171,7 @@ def test_multi_gpu_model_trains_as_one_device(logical_devices, any_keras):
     """``multi_gpu_model`` (logical CPUs here) is the towers step: the same weights as one device."""
     k = any_keras
     x, y = _data("two_outputs")
-    model = _two_outputs(k)
-    single = _two_outputs(k)
-    single.set_weights(model.get_weights())
+    model, single = _twins(lambda: _two_outputs(k))
     parallel = harness.multi_gpu_model(model, gpus=[0, 1], ratios=[3, 2])
     loss = [k.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"]
     for m in (single, parallel):
