@@ -3,15 +3,25 @@
 For each model and method it trains single-device vs parallel from the same
 start (``compare_training``) and prints the worst deviation; then it times
 training steps of single-device, towers and mirrored on the same devices.
+
+``harness check --zoo`` checks the model zoo instead (``harness.zoo``): real
+architectures at CPU size, each x method x split (even on 2 devices, 3:2, 5:3:2
+on 3), judged against one device and a float64 run. Each case's status is a
+verdict of ``compare_training`` (exact, as accurate as one device, exact in
+float64), refused (harness names what it does not support) or FAIL; the exit
+status is 1 if any case FAILs. Progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from harness.split import split_batch, validate_ratios
 from harness.workloads.small import EQUIVALENCE_MODELS
+from harness.zoo import NAMES as ZOO_MODELS
+from harness.zoo import SPLITS as ZOO_SPLITS
 
 __all__ = ["add_parser", "run"]
 
@@ -40,6 +50,18 @@ def add_parser(subparsers) -> None:
                    help="timed training steps per method, 0 to skip timing (default 20)")
     p.add_argument("--time-batch", type=int, default=256, help="global batch for timing (default 256)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    zoo = p.add_argument_group("model zoo (--zoo)")
+    zoo.add_argument("--zoo", action="store_true",
+                     help="model-zoo conformance: every zoo model x --methods x split against one device and float64")
+    zoo.add_argument("--zoo-models", nargs="+", choices=ZOO_MODELS, metavar="NAME",
+                     help=f"zoo models to check (default all): {', '.join(ZOO_MODELS)}")
+    zoo.add_argument("--zoo-splits", nargs="+", choices=list(ZOO_SPLITS), metavar="SPLIT",
+                     help=f"splits to check (default all): {', '.join(ZOO_SPLITS)}")
+    zoo.add_argument("--fast", action="store_true", help="only the zoo's fast subset")
+    zoo.add_argument("--keras", choices=["3", "2", "both"], default="3",
+                     help="Keras generation: 3, 2 (tf-keras) or both (each one installed; default 3)")
+    zoo.add_argument("--format", choices=["text", "markdown", "json"], default=None,
+                     help="table format (default text; --json is --format json)")
     p.set_defaults(run=run)
 
 
@@ -57,6 +79,8 @@ def _say(args, text: str) -> None:
 
 
 def run(args) -> int:
+    if args.zoo:
+        return _zoo(args)
     if args.batch_size <= 0 or args.samples <= 0:
         raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
     devices = _devices(args)
@@ -127,3 +151,41 @@ def _timings(args, devices, ratios) -> list[dict]:
                    f"{times['mirrored'].median * 1e3:>12.2f} {times['towers'].median / single:>9.2f} "
                    f"{times['mirrored'].median / single:>7.2f}")
     return rows
+
+
+def _zoo(args) -> int:
+    from harness import zoo
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log noise out of the progress lines
+    generations = _generations(args.keras)
+    devices = _devices(args)
+    print(f"zoo on {devices}, Keras {' and '.join(generations)}, tol {args.tol:g} and a float64 reference",
+          file=sys.stderr, flush=True)
+
+    def progress(row, done: int, total: int) -> None:
+        print(f"[{done}/{total}] {row.model} keras {row.keras} {row.method} {row.split}: {row.status} "
+              f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    rows = []
+    for keras in generations:
+        rows += zoo.run_zoo(args.zoo_models, methods=args.methods, splits=args.zoo_splits, keras=keras,
+                            fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
+    render = {"text": zoo.text_table, "markdown": zoo.markdown, "json": zoo.to_json}
+    print(render["json" if args.json else args.format or "text"](rows))
+    return 1 if any(row.failed for row in rows) else 0
+
+
+def _generations(keras: str) -> list[str]:
+    from harness import zoo
+
+    if keras != "both":
+        return [keras]
+    found = []
+    for generation in zoo.GENERATIONS:
+        try:
+            zoo.keras_module(generation)
+        except ValueError as err:
+            print(f"keras {generation}: skipped: {err}", file=sys.stderr)
+        else:
+            found.append(generation)
+    return found

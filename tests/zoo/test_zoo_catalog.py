@@ -1,0 +1,160 @@
+"""The model zoo itself: what the catalog holds, each entry builds and trains, and how rows read.
+
+Issue 15, point 4 (model-zoo conformance): at least 20 real architectures at CPU size from public
+definitions, every epoch ending on a partial batch, on Keras 3 and on Keras 2 where they apply.
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import zoo
+from harness.split import validate_ratios
+
+REQUIRED_SOURCES = ("MobileNetV2", "MobileNetV3Small", "ResNet50", "EfficientNetB0", "DenseNet121", "ConvNeXtTiny")
+BUILDS = [(e.name, g) for g in zoo.GENERATIONS for e in zoo.CATALOG if g == "3" or e.keras2]
+
+
+def _keras(generation: str):
+    try:
+        return zoo.keras_module(generation)
+    except ValueError as err:
+        pytest.skip(str(err))
+
+
+def _length(data) -> int:
+    return len(_leaves(data)[0])
+
+
+def test_catalog_holds_twenty_real_architectures_with_the_required_ones():
+    assert len(zoo.CATALOG) >= 20
+    assert len(set(zoo.NAMES)) == len(zoo.NAMES)
+    sources = " ".join(e.source for e in zoo.CATALOG)
+    for name in REQUIRED_SOURCES:
+        assert f"keras.applications.{name}" in sources
+    assert any("Xception" in e.source or "NASNetMobile" in e.source for e in zoo.CATALOG)
+    policies = {e.policy for e in zoo.CATALOG}
+    assert {"mixed_float16", "mixed_bfloat16"} <= policies
+    assert any(e.loss_weights is not None and isinstance(e.loss_weights, list) for e in zoo.CATALOG)
+    assert any(isinstance(e.loss_weights, dict) for e in zoo.CATALOG)
+    assert any(e.class_weight for e in zoo.CATALOG)
+    assert [e.name for e in zoo.CATALOG if e.must_refuse] == ["custom_train_step"]
+    assert zoo.select(fast_only=True), "the default suite needs a fast subset"
+
+
+@pytest.mark.parametrize("entry", zoo.CATALOG, ids=lambda e: e.name)
+def test_data_is_deterministic_and_ends_on_a_partial_batch(entry):
+    x, y, sample_weight = entry.data()
+    again = entry.data()
+    n = _length(x)
+    assert n % entry.batch_size, f"{entry.name}: {n} samples fill every batch of {entry.batch_size}"
+    assert _length(y) == n
+    assert all(np.array_equal(a, b) for a, b in zip(_leaves((x, y, sample_weight)), _leaves(again)))
+
+
+def _leaves(data):
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        return [leaf for key in sorted(data) for leaf in _leaves(data[key])]
+    if isinstance(data, (list, tuple)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    return [np.asarray(data)]
+
+
+def test_select_and_generations_reject_unknown_names():
+    with pytest.raises(ValueError, match=r"unknown zoo models \['nope'\]"):
+        zoo.select(["nope"])
+    with pytest.raises(ValueError, match="keras must be one of"):
+        zoo.select(keras="4")
+    assert all(e.keras2 for e in zoo.select(keras="2"))
+
+
+def test_importing_the_zoo_does_not_import_tensorflow():
+    code = ("import sys, harness.zoo as z; z.CATALOG[0].data(); "
+            "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(("name", "generation"), BUILDS, ids=[f"{n}-keras{g}" for n, g in BUILDS])
+def test_entry_builds_and_trains_one_step_on_one_device(logical_devices, name, generation):
+    k = _keras(generation)
+    (entry,) = zoo.select([name], keras=generation)
+    x, y, sample_weight = entry.data()
+    model = entry.build(k)
+    assert model.built
+    assert k.mixed_precision.global_policy().name == "float32", "build must restore the global dtype policy"
+    if entry.policy:
+        assert model.dtype_policy.name == entry.policy
+    model.compile(optimizer=entry.optimizer(k), loss=entry.loss(k), loss_weights=entry.loss_weights,
+                  metrics=entry.metrics(k) if entry.metrics else None)
+    history = model.fit(x, y, sample_weight=sample_weight, class_weight=entry.class_weight,
+                        batch_size=entry.batch_size, epochs=1, steps_per_epoch=1, shuffle=False, verbose=0)
+    assert math.isfinite(history.history["loss"][0])
+
+
+def test_a_float64_build_keeps_float64(logical_devices):
+    # compare_training(reference="float64") builds its copy under a float64 policy: a mixed entry must not
+    # turn that copy mixed.
+    k = _keras("3")
+    (entry,) = zoo.select(["mixed_float16"])
+    previous = k.mixed_precision.global_policy().name
+    k.mixed_precision.set_global_policy("float64")
+    try:
+        assert entry.build(k).dtype_policy.name == "float64"
+    finally:
+        k.mixed_precision.set_global_policy(previous)
+
+
+# -- rows, statuses and tables (no TensorFlow) ------------------------------------------------------
+
+def _raise(error: BaseException):
+    try:
+        raise error
+    except BaseException as err:  # noqa: BLE001 - returned with its traceback
+        return err
+
+
+def test_harness_own_errors_are_refusals_anything_else_fails():
+    with pytest.raises(ValueError) as own:
+        validate_ratios([3, 0], 2)  # raised inside harness
+    assert zoo.status_of_error(own.value).startswith("refused: ratios must be positive")
+    assert zoo.status_of_error(_raise(ValueError("from elsewhere"))) == "FAIL: ValueError: from elsewhere"
+    assert zoo.status_of_error(_raise(AssertionError())) == "FAIL: AssertionError: (no message)"
+    graph = RuntimeError("Graph execution error:\n\nDetected at node x\n  (0) INVALID_ARGUMENT: bad thing\n0 done")
+    assert zoo.status_of_error(_raise(graph)) == "FAIL: RuntimeError: (0) INVALID_ARGUMENT: bad thing"
+
+
+def _rows():
+    return [
+        zoo.ZooRow("a", "3", "towers", "even", "exact", 1e-8, 0.0, 2e-7, 2e-7, 0.0, 1.5),
+        zoo.ZooRow("a", "3", "mirrored", "5:3:2", "FAIL: AssertionError: x | y", math.nan, seconds=0.2),
+        zoo.ZooRow("b", "2", "towers", "3:2", "refused: not here", seconds=0.1),
+        zoo.ZooRow("c", "3", "towers", "3:2", "as accurate as one device", 3e-5, 1e-6, 1e-5, 1.2e-5, 0.0, 9.0),
+        zoo.ZooRow("c", "3", "towers", "even", "exact in float64", 3e-3, 1e-6, 1e-5, 3e-3, 1e-12, 9.0),
+    ]
+
+
+def test_tables_show_every_row_and_a_summary():
+    rows = _rows()
+    text = zoo.text_table(rows)
+    assert text.splitlines()[0].split()[:4] == ["model", "keras", "method", "split"]
+    assert len(text.splitlines()) == 2 + len(rows) + 2
+    summary = "5 cases of 3 models: 1 exact, 1 as accurate as one device, 1 exact in float64, 1 refused, 1 FAIL"
+    assert text.endswith(summary)
+    md = zoo.markdown(rows)
+    assert md.startswith("| model | keras |") and "x \\| y" in md and md.endswith(summary)
+
+
+def test_json_has_no_nan_and_marks_failures():
+    data = json.loads(zoo.to_json(_rows()))
+    assert data["summary"] == {"exact": 1, "as accurate as one device": 1, "exact in float64": 1, "refused": 1,
+                               "FAIL": 1}
+    assert [r["failed"] for r in data["rows"]] == [False, True, False, False, False]
+    assert data["rows"][1]["max_deviation"] is None
+    assert data["rows"][3]["reference_parallel"] == 1.2e-5

@@ -1,0 +1,61 @@
+"""Model-zoo conformance: each architecture trained in parallel lands where one device does.
+
+Issue 15, point 4. Every case is ``harness.compare_training(..., reference="float64")``; a row is
+one of its passing verdicts (exact, as accurate as one device, exact in float64) or refused by
+harness with a named reason; never FAIL. The fast
+subset runs in the default suite; the whole zoo (every model x method x split, Keras 3 and Keras 2)
+under the ``zoo`` marker (``--run-zoo`` or ``-m zoo``).
+"""
+
+import pytest
+
+from harness import zoo
+
+FAST = [e.name for e in zoo.select(fast_only=True)]
+SPLITS = list(zoo.SPLITS)
+# A handful of cases: each fast model once, methods and splits taken in turn; two on Keras 2.
+FAST_CASES = [(name, "3", zoo.METHODS[i % 2], SPLITS[i % 3]) for i, name in enumerate(FAST)]
+FAST_CASES += [("custom_train_step", "2", "mirrored", "5:3:2"), ("subclassed_mlp", "2", "mirrored", "3:2")]
+WHOLE = [(g, e.name, m) for g in zoo.GENERATIONS for e in zoo.select(keras=g) for m in zoo.METHODS]
+
+
+def _keras(generation: str):
+    try:
+        return zoo.keras_module(generation)
+    except ValueError as err:
+        pytest.skip(str(err))
+
+
+def _assert_conforms(rows, must_refuse: bool = False):
+    assert rows, "no case ran"
+    table = zoo.text_table(rows)
+    assert not [r for r in rows if r.failed], f"FAIL rows:\n{table}"
+    for row in rows:
+        assert row.seconds > 0
+        if must_refuse:
+            assert row.status.startswith("refused: "), table
+        assert zoo.kind_of(row.status) == row.status or row.status.startswith("refused: "), table
+        if row.status.startswith("refused"):
+            assert len(row.status) > len("refused: ") + 10, f"a refusal names its reason:\n{table}"
+        else:
+            assert row.max_deviation is not None and row.reference_single is not None, table
+            assert row.reference_parallel is not None and row.reference_exact is not None, table
+
+
+@pytest.mark.parametrize(("name", "generation", "method", "split"), FAST_CASES,
+                         ids=[f"{n}-keras{g}-{m}-{s}" for n, g, m, s in FAST_CASES])
+def test_fast_subset_conforms(logical_devices, name, generation, method, split):
+    k = _keras(generation)
+    (entry,) = zoo.select([name], keras=generation)
+    row = zoo.run_case(entry, k, generation, method, split, logical_devices[:3])
+    _assert_conforms([row], must_refuse=entry.must_refuse)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize(("generation", "name", "method"), WHOLE, ids=[f"{n}-keras{g}-{m}" for g, n, m in WHOLE])
+def test_whole_zoo_conforms(logical_devices, generation, name, method):
+    _keras(generation)
+    (entry,) = zoo.select([name], keras=generation)
+    rows = zoo.run_zoo([name], methods=[method], keras=generation, devices=logical_devices[:3])
+    assert [r.split for r in rows] == SPLITS
+    _assert_conforms(rows, must_refuse=entry.must_refuse)
