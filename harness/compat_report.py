@@ -92,11 +92,6 @@ def read_junit(path: Path | str, env: str | None = None) -> EnvResult:
                     cell.reasons.append(message)
             else:
                 cell.passed += 1
-    if versions.get("not_collected"):  # "parallel,regressions: reason" (tests/conftest.py)
-        names, _, reason = versions["not_collected"].partition(": ")
-        for name in names.split(","):
-            cell = cells.setdefault(name, Cell())
-            cell.reasons.append(f"{'partly ' if cell.passed or cell.failed else ''}not collected: {reason}")
     return EnvResult(env or path.stem, versions, dict(sorted(cells.items())), round(seconds, 1))
 
 
@@ -109,7 +104,7 @@ def _versions_text(result: EnvResult) -> str:
 
 def markdown_table(results: list[EnvResult]) -> str:
     """The table: one row per env (with its versions and seconds), one column per suite; notes below."""
-    # a folder no env ran a test of (e.g. only named as not collected) gets no column
+    # a folder no env ran a test of gets no column
     suites = sorted({s for r in results for s, c in r.cells.items() if c.passed or c.failed or c.skipped or c.xfailed})
     lines = ["| env | versions | " + " | ".join(suites) + " | time |",
              "|---|---|" + "---|" * len(suites) + "---|"]

@@ -9,8 +9,24 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["use_logical_devices", "resolve_devices", "is_tf_initialized"]
+__all__ = [
+    "DeviceLayout",
+    "use_logical_devices",
+    "use_device_layout",
+    "gpu_memory_limit_mb",
+    "resolve_devices",
+    "is_tf_initialized",
+]
+
+# Shares of one card when several processes split it (gpu_memory_limit_mb): all test processes
+# together take at most GPU_MEMORY_SHARE of it, and each keeps GPU_CONTEXT_MIB outside TensorFlow's
+# allocator for what the limit does not cover (its CUDA context, cuBLAS and cuDNN handles and
+# workspaces: about 0.5 GiB per process on current cards).
+GPU_MEMORY_SHARE = 0.9
+GPU_CONTEXT_MIB = 1024
+MIN_LOGICAL_GPU_MIB = 256
 
 _DEVICE_RE = re.compile(r"^/?(?:job:[^/]+/replica:\d+/task:\d+/)?(?:device:)?(cpu|gpu):(\d+)$", re.IGNORECASE)
 
@@ -85,6 +101,116 @@ def use_logical_devices(
             "Call it first in the process (or run each device layout in its own process)."
         ) from err
     return [d.name for d in tf.config.list_logical_devices(kind)]
+
+
+def gpu_memory_limit_mb(total_mib: int, processes: int, devices: int) -> int:
+    """The memory limit of each logical GPU when ``processes`` processes each split one card into ``devices``.
+
+    All processes together take at most ``GPU_MEMORY_SHARE`` (90%) of the card; each of them keeps
+    ``GPU_CONTEXT_MIB`` (1 GiB) of its share for its CUDA context and libraries, and divides the rest
+    evenly among its logical GPUs: ``(floor(0.9 * total / processes) - 1024) // devices``.
+
+    Args:
+        total_mib: the card's memory (MiB), e.g. ``harness.nvml.gpus()[0].memory_total_mib``.
+        processes: processes sharing the card (pytest-xdist workers).
+        devices: logical GPUs each process makes of it.
+
+    Returns:
+        MiB per logical GPU, at least ``MIN_LOGICAL_GPU_MIB`` (256).
+
+    Raises:
+        ValueError: a non-positive argument, or less than 256 MiB per logical GPU.
+
+    Example:
+        >>> gpu_memory_limit_mb(81559, processes=2, devices=3)  # an H100 80GB, pytest -n 2
+        11892
+    """
+    for name, value in (("total_mib", total_mib), ("processes", processes), ("devices", devices)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1; got {name}={value!r}")
+    limit = (int(total_mib * GPU_MEMORY_SHARE) // processes - GPU_CONTEXT_MIB) // devices
+    if limit < MIN_LOGICAL_GPU_MIB:
+        raise ValueError(
+            f"a {total_mib} MiB GPU shared by {processes} process(es), each splitting it into {devices} logical GPUs, "
+            f"leaves {max(limit, 0)} MiB per logical GPU; at least {MIN_LOGICAL_GPU_MIB} MiB is needed: "
+            "run fewer processes (pytest -n) or make fewer logical GPUs"
+        )
+    return limit
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """The devices of this process, as ``use_device_layout`` set them up."""
+
+    cpus: tuple[str, ...]  #: logical CPU device names
+    gpus: tuple[str, ...]  #: GPU device names (logical ones first where GPU 0 was split)
+    split_gpus: int  #: logical GPUs made of GPU 0; 0 where the physical GPUs are used as they are
+    gpu_memory_limit_mb: int | None  #: each logical GPU's memory limit where GPU 0 was split
+
+
+def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int | None = None) -> DeviceLayout:
+    """Sets up logical CPUs and, optionally, logical GPUs on GPU 0, all at once before TensorFlow starts.
+
+    ``use_logical_devices`` splits one kind of device; a process that needs both (a test
+    process running CPU and GPU tests) must set both up before the first op, which this does.
+
+    Args:
+        cpus: logical CPU devices to make of the CPU, ``>= 1``.
+        split_gpus: logical GPUs to make of GPU 0 (each limited to ``gpu_memory_limit_mb``); 0 uses
+            the physical GPUs as they are, with memory growth on, so that processes can share them.
+        gpu_memory_limit_mb: MiB per logical GPU; required when ``split_gpus`` > 0 (see ``gpu_memory_limit_mb``).
+
+    Returns:
+        The ``DeviceLayout``.
+
+    Raises:
+        ValueError: bad counts or limit, or ``split_gpus`` > 0 where TensorFlow sees no GPU.
+        RuntimeError: TensorFlow is already initialised with another device layout.
+
+    Example:
+        >>> layout = use_device_layout(4, split_gpus=3, gpu_memory_limit_mb=11892)  # a one-GPU machine
+        >>> layout.gpus
+        ('/device:GPU:0', '/device:GPU:1', '/device:GPU:2')
+    """
+    for name, value in (("cpus", cpus), ("split_gpus", split_gpus)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "cpus" else 0):
+            raise ValueError(f"{name} must be an int >= {1 if name == 'cpus' else 0}; got {name}={value!r}")
+    limit = gpu_memory_limit_mb
+    if split_gpus and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise ValueError(f"gpu_memory_limit_mb must be a positive int (MiB) when split_gpus > 0; "
+                         f"got gpu_memory_limit_mb={limit!r}")
+
+    import tensorflow as tf
+
+    physical = tf.config.list_physical_devices("GPU")
+    if split_gpus and not physical:
+        raise ValueError(f"no physical GPU to split into {split_gpus} logical GPUs; TensorFlow sees none")
+    wanted_gpus = split_gpus + len(physical) - 1 if split_gpus else len(physical)
+    try:
+        tf.config.set_logical_device_configuration(
+            tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration() for _ in range(cpus)])
+        if split_gpus:
+            tf.config.set_logical_device_configuration(
+                physical[0], [tf.config.LogicalDeviceConfiguration(memory_limit=limit) for _ in range(split_gpus)])
+        else:
+            for gpu in physical:
+                tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError as err:
+        have_cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+        have_gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+        if len(have_cpus) != cpus or len(have_gpus) != wanted_gpus:
+            split = f", GPU 0 as {split_gpus} logical GPUs" if split_gpus else ""
+            raise RuntimeError(
+                f"TensorFlow is already initialised with CPU devices {have_cpus} and GPU devices {have_gpus}; "
+                f"the layout ({cpus} logical CPUs{split}) must be set up before any TensorFlow op. "
+                "Set it up first in the process (or run each device layout in its own process)."
+            ) from err
+        # The same layout was set up earlier in this process.
+    return DeviceLayout(
+        cpus=tuple(d.name for d in tf.config.list_logical_devices("CPU")),
+        gpus=tuple(d.name for d in tf.config.list_logical_devices("GPU")),
+        split_gpus=split_gpus, gpu_memory_limit_mb=limit if split_gpus else None,
+    )
 
 
 def _check_limits(kind: str, count: int, memory_limits_mb: Sequence[int] | None) -> list[int | None]:

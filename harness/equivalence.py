@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -279,6 +279,8 @@ def compare_training(
     callbacks=None,
     jit_compile="auto",
     reference: str | None = None,
+    single_runs: dict | None = None,
+    skip_float64_parallel_within: float | None = None,
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
@@ -321,6 +323,14 @@ def compare_training(
             runs' (not so under a ``LossScaleOptimizer``), every optimizer
             variable; each by ``max |Δ| / max(1, max |float64 value|)``.
 
+    single_runs: a dict, empty at first, passed again to calls that train the same model on the same
+            data with the same options and differ only in ``devices``, ``ratios`` or ``method`` (the
+            zoo's cases of one model): the single-device runs (float32, and float64 with
+            ``reference``) are trained by the first call, kept in it and reused by the others.
+        skip_float64_parallel_within: with ``reference``, a tolerance: where the float32 runs already
+            agree within it (``is_equivalent``), the parallel float64 run is skipped
+            (``reference_exact`` stays None; ``verdict`` at that tolerance is "exact" without it).
+
     Returns:
         An ``EquivalenceReport`` covering every weight and optimizer variable.
 
@@ -347,12 +357,13 @@ def compare_training(
     if y is not None and _length(y) != n:
         raise ValueError(f"x and y must have the same number of samples; got len(x)={n}, len(y)={_length(y)}")
 
+    kept = single_runs if single_runs is not None else {}
     set_random_seed(seed)
     single: Any = build_model()  # Keras models: TensorFlow and Keras are untyped
     keras = keras_module_of(single)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
-    initial_weights = single.get_weights() if reference is not None else None
+    initial_weights = kept.setdefault("initial", single.get_weights())
     template: Any = build_model()
-    template.set_weights(single.get_weights())
+    template.set_weights(initial_weights)
     wrap = method if callable(method) else (  # a user's own wrapper: (template, devices, ratios) -> model
         lambda t, d, r: parallelize(t, d, ratios=r, method=method, sync_batchnorm=sync_batchnorm))
     parallel: Any = wrap(template, devices, ratios)
@@ -362,7 +373,8 @@ def compare_training(
     # the parallel model in float64 too: where float32 rounding hides a difference, float64's does not.
     float64 = template64 = parallel64 = None
     if reference is not None:
-        float64 = _build_float64(build_model, initial_weights, keras, keras2)
+        if "float64" not in kept:
+            float64 = _build_float64(build_model, initial_weights, keras, keras2)
         template64 = _build_float64(build_model, initial_weights, keras, keras2)
         with _float64_policy(keras, keras2):
             parallel64 = wrap(template64, devices, ratios)
@@ -371,40 +383,22 @@ def compare_training(
         batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
         sample_weight=sample_weight, class_weight=class_weight,
     )
-    histories = []
-    for model, extra in ((single, None), (parallel, callbacks)):
+    def compiled(model):
         model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=loss, loss_weights=loss_weights,
                       metrics=_fresh_metrics(metrics, keras), **_jit_argument(jit_compile, keras))
-        histories.append(model.fit(x, y, callbacks=extra, **fit_args).history)
+        return model
 
-    diffs = _diff_variables(single.weights, template.weights, "")
-    diffs += _diff_variables(single.optimizer.variables, parallel.optimizer.variables, "optimizer/")
-    figures: dict = {}
-    if float64 is not None:
-        training = dict(keras=keras, keras2=keras2, optimizer=optimizer, loss=loss, loss_weights=loss_weights,
-                        metrics=metrics, fit_args=fit_args, jit_compile=jit_compile)
-        loss_reference = _fit_float64(float64, x, y, **training)
-        _fit_float64(parallel64, x, y, **training, callbacks=callbacks)
-        exact64 = _diff_variables(float64.weights, template64.weights, "")
-        exact64 += _diff_variables(float64.optimizer.variables, parallel64.optimizer.variables, "optimizer/")
-        pairs = [(float64.weights, single.weights, template.weights, "")]
-        if _same_shapes(float64.optimizer.variables, single.optimizer.variables):
-            pairs.append((float64.optimizer.variables, single.optimizer.variables, parallel.optimizer.variables,
-                          "optimizer/"))
-        against_single: list[WeightDiff] = []
-        against_parallel: list[WeightDiff] = []
-        for exact, one, other, prefix in pairs:
-            against_single += _diff_against(exact, one, one, prefix)
-            against_parallel += _diff_against(exact, other, one, prefix)
-        figures = dict(
-            reference=reference, reference_single=_max_deviation(against_single),
-            reference_parallel=_max_deviation(against_parallel), reference_diffs_single=tuple(against_single),
-            reference_diffs_parallel=tuple(against_parallel), loss_reference=loss_reference,
-            reference_exact=_max_deviation(exact64),
-        )
+    if "single" not in kept:
+        history = compiled(single).fit(x, y, **fit_args).history
+        kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
+    one = kept["single"]
+    histories = [one.history, compiled(parallel).fit(x, y, callbacks=callbacks, **fit_args).history]
+
+    diffs = _diff_variables(one.weights, template.weights, "")
+    diffs += _diff_variables(one.optimizer, parallel.optimizer.variables, "optimizer/")
     steps = epochs * math.ceil(n / batch_size)
     metric_keys = [k for k in histories[0] if k != "loss"]
-    return EquivalenceReport(
+    report = EquivalenceReport(
         method=method,
         devices=tuple(getattr(parallel, "devices", devices)),
         ratios=tuple(getattr(parallel, "ratios", ratios or ())),
@@ -415,8 +409,59 @@ def compare_training(
         loss_parallel=tuple(histories[1]["loss"]),
         metrics_single={k: histories[0][k] for k in metric_keys},
         metrics_parallel={k: histories[1].get(k) for k in metric_keys},
-        **figures,
     )
+    if reference is None:
+        return report
+    training = dict(keras=keras, keras2=keras2, optimizer=optimizer, loss=loss, loss_weights=loss_weights,
+                    metrics=metrics, fit_args=fit_args, jit_compile=jit_compile)
+    if "float64" not in kept:
+        history64 = {"loss": list(_fit_float64(float64, x, y, **training))}
+        kept["float64"] = _Run(_keep(float64.weights), _keep(float64.optimizer.variables), history64)
+    exact = kept["float64"]
+    reference_exact = None
+    if skip_float64_parallel_within is None or not report.is_equivalent(skip_float64_parallel_within):
+        _fit_float64(parallel64, x, y, **training, callbacks=callbacks)
+        exact64 = _diff_variables(exact.weights, template64.weights, "")
+        exact64 += _diff_variables(exact.optimizer, parallel64.optimizer.variables, "optimizer/")
+        reference_exact = _max_deviation(exact64)
+    pairs = [(exact.weights, one.weights, template.weights, "")]
+    if _same_shapes(exact.optimizer, one.optimizer):
+        pairs.append((exact.optimizer, one.optimizer, parallel.optimizer.variables, "optimizer/"))
+    against_single: list[WeightDiff] = []
+    against_parallel: list[WeightDiff] = []
+    for in_float64, in_single, in_parallel, prefix in pairs:
+        against_single += _diff_against(in_float64, in_single, in_single, prefix)
+        against_parallel += _diff_against(in_float64, in_parallel, in_single, prefix)
+    return replace(
+        report, reference=reference, reference_single=_max_deviation(against_single),
+        reference_parallel=_max_deviation(against_parallel), reference_diffs_single=tuple(against_single),
+        reference_diffs_parallel=tuple(against_parallel), loss_reference=tuple(exact.history["loss"]),
+        reference_exact=reference_exact,
+    )
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A trained variable's name and value, kept after its model is gone."""
+
+    path: str
+    value: np.ndarray
+
+    def __array__(self, dtype=None, copy=None):
+        return self.value if dtype is None else self.value.astype(dtype)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A single-device run as ``compare_training`` compares it: weights, optimizer variables, history."""
+
+    weights: list
+    optimizer: list
+    history: dict
+
+
+def _keep(variables) -> list[_Kept]:
+    return [_Kept(_variable_name(v), np.array(v)) for v in variables]
 
 
 def _diff_variables(reference, other, prefix: str) -> list[WeightDiff]:

@@ -1,21 +1,37 @@
-"""pytest plugin: markers, a logical-devices fixture and ``assert_equivalent``.
+"""pytest plugin: markers, device fixtures and ``assert_equivalent``.
 
 Loaded automatically (entry point ``pytest11``) wherever harness is installed.
 Importing it does not import TensorFlow.
+
+Devices. TensorFlow fixes its devices once per process, so every device a test process uses is set
+up at once, before its first TensorFlow op, by the session fixture ``harness_device_layout``:
+``--logical-devices`` logical CPUs and, for GPU tests (a run with ``multi_gpu`` tests, or
+``gpu_devices`` asked for) on a machine with one GPU, GPU 0 split into ``--gpu-devices`` logical
+GPUs with memory limits that fit every pytest-xdist worker (``plan_gpu_split``); otherwise the
+physical GPUs as they are, with memory growth on.
+``logical_devices`` (CPUs) and ``gpu_devices`` (GPUs) read it. The rule: a test that touches
+TensorFlow requests one of them before it does, and on a GPU machine a run with ``multi_gpu``
+tests sets the layout up before the first test of each process (an autouse fixture), so that a
+test touching TensorFlow without them cannot fix the devices first.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pytest
 
-__all__ = ["assert_equivalent", "gpu_count"]
+__all__ = ["assert_equivalent", "gpu_count", "plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "TestDevices"]
+
+GPU_DEVICES = 3  # logical GPUs made of a single GPU: the zoo's largest split, 5:3:2
+_GPUS_WANTED = pytest.StashKey[bool]()  # gpu_devices was requested in this process
 
 MARKERS = {
     "gpu": "needs at least one NVIDIA GPU (skipped without one)",
-    "multi_gpu": "needs at least two NVIDIA GPUs (skipped otherwise)",
+    "multi_gpu": "runs on the gpu_devices fixture's 2+ GPU devices: the physical GPUs, or one GPU split into logical "
+                 "GPUs (skipped without a GPU)",
     "slow": "takes more than a few seconds (run with --run-slow)",
     "docker": "builds or runs container images (run with --run-docker)",
     "timing": "asserts measured speeds of emulated devices; must hold on a busy machine (.ci/run also runs "
@@ -35,6 +51,49 @@ def gpu_count() -> int:
     if visible is not None:
         count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
     return count
+
+
+def xdist_workers() -> int:
+    """Test processes of this run that share the machine: pytest-xdist's worker count, else 1."""
+    try:
+        return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    except ValueError:
+        return 1
+
+
+def plan_gpu_split(physical: int, wanted: int, total_mib: int | None, processes: int,
+                   limit_mb: int | None = None) -> tuple[int, int | None]:
+    """How the test devices use ``physical`` GPUs: ``(logical GPUs made of GPU 0, MiB each)``.
+
+    Several GPUs are used as they are: ``(0, None)``. One GPU is split into ``wanted`` logical
+    GPUs of ``limit_mb`` MiB each, or, without it, of ``harness.devices.gpu_memory_limit_mb(
+    total_mib, processes, wanted)``: 90% of the card shared by ``processes``, 1 GiB of each
+    process's share kept for its CUDA context.
+
+    Raises:
+        ValueError: no GPU; ``wanted`` < 2; one GPU whose memory is unknown and no ``limit_mb``;
+            too little memory per logical GPU.
+
+    Example:
+        >>> plan_gpu_split(1, 3, total_mib=81559, processes=2)
+        (3, 11892)
+    """
+    from harness.devices import gpu_memory_limit_mb
+
+    if physical < 1:
+        raise ValueError(f"no GPU to lay out; got physical={physical}")
+    if physical > 1:
+        return 0, None
+    if wanted < 2:
+        raise ValueError(f"a single GPU is split into 2 or more logical GPUs; got wanted={wanted}")
+    if limit_mb is not None:
+        if isinstance(limit_mb, bool) or not isinstance(limit_mb, int) or limit_mb <= 0:
+            raise ValueError(f"--gpu-memory-limit-mb must be a positive int (MiB); got {limit_mb!r}")
+        return wanted, limit_mb
+    if total_mib is None:
+        raise ValueError("NVML cannot read GPU 0's memory, so its logical GPUs get no computed limit: "
+                         "pass --gpu-memory-limit-mb N (MiB per logical GPU)")
+    return wanted, gpu_memory_limit_mb(total_mib, processes, wanted)
 
 
 def assert_equivalent(
@@ -118,11 +177,21 @@ def pytest_addoption(parser):
         "--logical-devices", type=int, default=4,
         help="logical CPU devices the logical_devices fixture creates (default 4)",
     )
+    group.addoption("--gpu-devices", type=int, default=GPU_DEVICES,
+                    help=f"logical GPUs the gpu_devices fixture makes of a single GPU (default {GPU_DEVICES})")
+    group.addoption("--gpu-memory-limit-mb", type=int, default=None,
+                    help="MiB per logical GPU (default: 90%% of the card shared by the xdist workers, "
+                         "less 1 GiB per worker)")
+    group.addoption("--require-gpu", action="store_true", default=False,
+                    help="stop at once where the machine has no GPU, instead of skipping the gpu/multi_gpu tests")
 
 
 def pytest_configure(config):
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if config.getoption("--require-gpu", False) and gpu_count() == 0:
+        raise pytest.UsageError("--require-gpu: this machine has no NVIDIA GPU that the driver shows (/proc/driver/"
+                                "nvidia/gpus, CUDA_VISIBLE_DEVICES); the gpu and multi_gpu tests cannot run")
 
 
 def junit_versions() -> dict[str, str]:
@@ -164,7 +233,7 @@ def pytest_collection_modifyitems(config, items):
     gpus = gpu_count()
     reasons = {
         "gpu": None if gpus >= 1 else "needs a GPU; this machine has none",
-        "multi_gpu": None if gpus >= 2 else f"needs 2+ GPUs; this machine has {gpus}",
+        "multi_gpu": None if gpus >= 1 else "needs a GPU (one GPU is split into logical GPUs); this machine has none",
         "slow": None if config.getoption("--run-slow") else "slow: run with --run-slow",
         "docker": None if config.getoption("--run-docker") else "docker: run with --run-docker",
         "zoo": None if config.getoption("--run-zoo") or "zoo" in (config.getoption("markexpr") or "")
@@ -176,6 +245,69 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@dataclass(frozen=True)
+class TestDevices:
+    """This test process's devices (the ``harness_device_layout`` fixture)."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    cpus: tuple[str, ...]
+    gpus: tuple[str, ...]
+    gpu_problem: str | None = None  # why there are no GPU devices (or too few), on a machine with GPUs
+
+
+def runs_gpu_layout_first(items, gpus: int) -> bool:
+    """Whether each test process sets up its devices before its first test: GPUs, and multi_gpu tests to run."""
+    return gpus >= 1 and any(item.get_closest_marker("multi_gpu") is not None for item in items)
+
+
+@pytest.fixture(scope="session")
+def harness_device_layout(request) -> TestDevices:
+    """Every device of this test process, set up at once before TensorFlow starts (see the module docstring)."""
+    from harness.devices import use_device_layout
+
+    config = request.config
+    cpus = config.getoption("--logical-devices")
+    problem, split, limit = None, 0, None
+    # GPU 0 is split only for GPU tests: where a run has none, a test asking for CPUs gets GPU 0 whole.
+    for_gpu_tests = runs_gpu_layout_first(request.session.items, gpu_count()) or config.stash.get(_GPUS_WANTED, False)
+    if gpu_count() >= 1:
+        import tensorflow as tf
+
+        physical = len(tf.config.list_physical_devices("GPU"))
+        if physical == 0:
+            problem = (f"the driver shows {gpu_count()} GPU(s) but TensorFlow sees none "
+                       "(tensorflow-cpu, or TensorFlow without its CUDA libraries?)")
+        elif for_gpu_tests:
+            try:
+                split, limit = plan_gpu_split(physical, config.getoption("--gpu-devices"), _gpu0_memory_mib(),
+                                              xdist_workers(), config.getoption("--gpu-memory-limit-mb"))
+            except ValueError as err:  # the CPU tests still run; gpu_devices fails with the reason
+                problem = f"GPU 0 is not split: {err}"
+    try:
+        layout = use_device_layout(cpus, split, limit)
+    except RuntimeError as err:
+        raise RuntimeError(f"{err} In a pytest run: request logical_devices or gpu_devices before a test touches "
+                           "TensorFlow (the harness plugin does so before the first test where the run has "
+                           "multi_gpu tests and the machine a GPU).") from err
+    return TestDevices(layout.cpus, layout.gpus, problem)
+
+
+def _gpu0_memory_mib() -> int | None:
+    from harness import nvml
+
+    found = nvml.gpus()  # CUDA's numbering: found[0] is TensorFlow's GPU 0
+    return found[0].memory_total_mib if found else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _harness_gpu_layout_first(request) -> None:
+    # A test that touches TensorFlow without the device fixtures would fix the devices with GPU 0
+    # whole, and gpu_devices could no longer split it: on GPU machines, set them up first.
+    if runs_gpu_layout_first(request.session.items, gpu_count()):
+        request.getfixturevalue("harness_device_layout")
+
+
 @pytest.fixture(scope="session")
 def logical_devices(request) -> list[str]:
     """``--logical-devices`` logical CPU devices (default 4), created once per process.
@@ -184,9 +316,39 @@ def logical_devices(request) -> list[str]:
     test of the process touches TensorFlow (pytest-xdist gives each worker its
     own process).
     """
-    from harness.devices import use_logical_devices
+    return list(request.getfixturevalue("harness_device_layout").cpus)
 
-    return use_logical_devices(request.config.getoption("--logical-devices"))
+
+@pytest.fixture(scope="session")
+def gpu_devices(request) -> list[str]:
+    """GPU device names for ``multi_gpu`` tests, set up once per process.
+
+    The physical GPUs where there are several (memory growth on, so that xdist workers share
+    them); on a one-GPU machine, GPU 0 split into ``--gpu-devices`` logical GPUs (default 3, the
+    zoo's largest split), each limited to ``--gpu-memory-limit-mb`` or to ``plan_gpu_split``'s share
+    of the card. A test needing more devices than it gives skips, saying so.
+
+    Fails, saying why, without a GPU (mark the test ``multi_gpu``: it is skipped there) and where
+    TensorFlow sees no GPU. Request it before the test touches TensorFlow.
+
+    Example:
+        >>> @pytest.mark.multi_gpu
+        ... def test_on_gpus(gpu_devices):
+        ...     assert_equivalent(build, x, y, devices=gpu_devices[:2], ratios=[3, 2])
+    """
+    if gpu_count() == 0:
+        pytest.fail("gpu_devices needs an NVIDIA GPU and this machine has none: mark the test multi_gpu "
+                    "(skipped without a GPU)", pytrace=False)
+    request.config.stash[_GPUS_WANTED] = True
+    devices = request.getfixturevalue("harness_device_layout")
+    if not devices.gpus:
+        pytest.fail(f"gpu_devices: no GPU device: {devices.gpu_problem}", pytrace=False)
+    if len(devices.gpus) < 2:
+        why = devices.gpu_problem or (
+            "GPU 0 was set up whole, for logical_devices, before a test of this process asked for gpu_devices: "
+            "mark the tests that use gpu_devices multi_gpu (GPU 0 is then split before the first test)")
+        pytest.fail(f"gpu_devices: only {list(devices.gpus)}: {why}", pytrace=False)
+    return list(devices.gpus)
 
 
 @pytest.fixture(scope="session")

@@ -1,34 +1,27 @@
-"""Shared test setup. The harness pytest plugin (markers, logical_devices) loads via its entry point.
+"""Shared test setup. The harness pytest plugin (markers, logical_devices, keras2, any_keras) loads via its entry point.
 
-Where the ``keras`` package is Keras 2 (TF 2.15, the matrix's ``tf215`` env), the suites written
-for Keras 3 models cannot run, so of the folders that train models only the Keras 2 files
-(``RUN_ON_KERAS2``: Keras 2 models; device listing and the watchdog, which take any Keras) are collected; the
-reason goes into the JUnit file (property ``not_collected``), which ``harness matrix`` shows.
+Tests that train models are written once for both Keras generations: the plugin's ``any_keras``
+fixture runs each on Keras 3 and on Keras 2 (tf_keras, or TF 2.15's ``keras``), skipping the
+generation an environment lacks with the reason. Tests that are Keras 3 only by nature (``keras.ops``,
+``keras.config``, Keras 3 internals) take the ``keras3`` fixture below, which skips them where the
+``keras`` package is Keras 2 (the matrix's ``tf215`` env); tests of Keras 2 behaviour alone take
+``keras2``. Every module is collected in every env.
 """
 
-from pathlib import Path
-
-from harness.compat import keras_flavour
-from harness.testing import add_junit_property
-
-_FLAVOUR = keras_flavour()
-_KERAS_PACKAGE_IS_2 = _FLAVOUR.package == "keras" and _FLAVOUR.major == 2
-NOT_COLLECTED = ("parallel", "regressions", "bench")
-RUN_ON_KERAS2 = ("test_keras2.py", "test_on_keras2.py", "test_conformance.py", "test_device_listing.py",
-                 "test_watchdog.py")
-REASON = f"{_FLAVOUR.why}: these suites build Keras 3 models (Keras 2 runs their Keras 2 files)"
-
-_HERE = Path(__file__).parent
-collect_ignore = [str(p.relative_to(_HERE)) for folder in NOT_COLLECTED for p in sorted((_HERE / folder).glob("*.py"))
-                  if p.name not in RUN_ON_KERAS2] if _KERAS_PACKAGE_IS_2 else []
+import pytest
 
 
-def pytest_report_header(config):
-    if _KERAS_PACKAGE_IS_2:
-        return f"not collected: tests/{{{','.join(NOT_COLLECTED)}}}: {REASON}"
-    return None
+@pytest.fixture(scope="session")
+def keras3():
+    """The ``keras`` package where it is Keras 3; skips the test, saying why, where it is Keras 2 or absent."""
+    from importlib import metadata
 
+    try:
+        version = metadata.version("keras")
+    except metadata.PackageNotFoundError:
+        pytest.skip("Keras 3 only, and the keras package is not installed")
+    if int(version.split(".")[0]) < 3:
+        pytest.skip(f"Keras 3 only: the keras package here is Keras {version}")
+    import keras
 
-def pytest_sessionstart(session):
-    if _KERAS_PACKAGE_IS_2:
-        add_junit_property(session.config, "not_collected", f"{','.join(NOT_COLLECTED)}: {REASON}")
+    return keras

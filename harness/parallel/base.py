@@ -45,7 +45,10 @@ class ParallelModel(ParallelCommon):
 
     def __init__(self, template, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
                  merge_device: str, emulator=None):
-        super().__init__(name=f"{self.method.value}_{template.name}")  # type: ignore[call-arg]  # a Keras Model
+        # The template's dtype policy: under mixed_float16, compile() then wraps the optimizer for loss
+        # scaling as it does for the template on one device.
+        super().__init__(name=f"{self.method.value}_{template.name}",  # type: ignore[call-arg]  # a Keras Model
+                         dtype=template.dtype_policy)
         self._template_ref = Untracked(template)
         self._init_common(devices, ratios, merge_device, emulator)
         self.sync_batchnorm = bool(sync_batchnorm)

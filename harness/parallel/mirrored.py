@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
+from harness.parallel.sparse import reduce_sparse_in_replica
 
 __all__ = ["Mirrored", "mirrored_class"]
 
@@ -33,9 +34,12 @@ def _replica(strategy, structure, index: int):
     return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[index], structure)
 
 
-def _dense(grad):
-    # Sparse gradients (Embedding) become dense where one replica sends them and the others zeros.
-    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+def _nothing_like(grad):
+    """What a replica other than 0 sends: exact zeros, or no rows of a sparse gradient (which stays sparse:
+    Keras 3's optimizers update from its rows, see ``harness.parallel.sparse``)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values[:0], grad.indices[:0], grad.dense_shape)
+    return tf.zeros_like(grad)
 
 
 class Mirrored(ParallelModel):
@@ -84,11 +88,11 @@ class Mirrored(ParallelModel):
 
     def _apply_whole_gradients(self, grads, weights):
         # Keras' optimizer only updates mirrored variables from replicas, where it sums the
-        # replicas' gradients: replica 0 sends the gradients, the others exact zeros.
-        pairs = [(_dense(g), w) for g, w in zip(grads, weights) if g is not None]
+        # replicas' gradients: replica 0 sends the gradients, the others exact zeros (or no sparse rows).
+        pairs = [(g, w) for g, w in zip(grads, weights) if g is not None]
         grads, weights = [g for g, _ in pairs], [w for _, w in pairs]
         per_replica = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: grads if ctx.replica_id_in_sync_group == 0 else [tf.zeros_like(g) for g in grads]
+            lambda ctx: grads if ctx.replica_id_in_sync_group == 0 else [_nothing_like(g) for g in grads]
         )
         self.strategy.run(lambda g: self._adapter.apply_gradients(self.optimizer, g, weights), args=(per_replica,))
 
@@ -139,6 +143,7 @@ class Mirrored(ParallelModel):
                 # An emulated device finishes after its backward pass: the first layer's gradients come last.
                 after = next((g for g in grads if g is not None), y_local)
                 grads = add_zero_where_present(grads, self.emulator.finish(device, token, after))
+            grads = reduce_sparse_in_replica(ctx, grads)
             a.apply_gradients(self.optimizer, grads, weights)
             return y_pred, self._extras(y_pred), extra, penalty
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from harness.parallel import layerwise
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
+from harness.parallel.sparse import merge_all
 
 __all__ = ["Towers", "towers_class"]
 
@@ -34,6 +35,9 @@ class Towers(ParallelModel):
                 f"BatchNormalization statistics; got a subclassed {type(template).__name__}. "
                 "Use method='mirrored' or sync_batchnorm=False"
             )
+        refused = a.towers_refusal(template) if len(self.devices) > 1 else []
+        if refused:
+            raise ValueError(f"method='towers' cannot run {'; '.join(refused)}. Use method='mirrored'")
         self._core_model = template  # tracked: its variables are this model's
 
     def _towers(self, x, training: bool, watch=None):
@@ -79,6 +83,7 @@ class Towers(ParallelModel):
         weights = self.core.trainable_weights
         grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
         grads, input_grads = grads[: len(weights)], grads[len(weights):]
+        grads = merge_all(grads, len(self.devices))  # sparse rows laid out as on one device
         if pending:
             # Each emulated device finishes when its backward pass reaches its input.
             zeros = [self.emulator.finish(device, token, after=y_pred if g is None else g)

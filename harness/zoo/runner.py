@@ -48,7 +48,7 @@ class ZooRow:
     loss_deviation: float | None = None  # worst per-epoch loss deviation from one device
     reference_single: float | None = None  # one float32 device's distance from float64
     reference_parallel: float | None = None  # the parallel run's distance from float64
-    reference_exact: float | None = None  # the parallel model in float64 vs one device in float64
+    reference_exact: float | None = None  # the parallel model in float64 vs one device in float64 (not run if exact)
     seconds: float = 0.0
 
     @property
@@ -102,8 +102,10 @@ def run_zoo(
     devices = _devices(devices, needed)
     cases = [(e, m, s) for e in entries for m in methods for s in splits]
     rows = []
+    single_runs: dict[str, dict] = {}  # per model: its single-device runs, trained once for all its cases
     for done, (entry, method, split) in enumerate(cases, 1):
-        row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol)
+        row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
+                       single_runs=single_runs.setdefault(entry.name, {}))
         rows.append(row)
         if progress is not None:
             progress(row, done, len(cases))
@@ -120,12 +122,16 @@ def _devices(devices: Sequence[str] | None, needed: int) -> list[str]:
 
 
 def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: Sequence[str],
-             reference: str | None = "float64", tol: float = 1e-6) -> ZooRow:
-    """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises."""
+             reference: str | None = "float64", tol: float = 1e-6, single_runs: dict | None = None) -> ZooRow:
+    """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises.
+
+    ``single_runs``: a dict shared by the cases of one model (``compare_training``'s): its
+    single-device runs are trained by the first case and reused by the others.
+    """
     start = time.perf_counter()
     try:
         with _full_tracebacks(k):
-            report = _compare(entry, k, method, SPLITS[split], devices, reference)
+            report = _compare(entry, k, method, SPLITS[split], devices, reference, single_runs, tol)
     except Exception as err:  # noqa: BLE001 - every error becomes the row's status
         return ZooRow(entry.name, keras, method, split, status_of_error(err), seconds=time.perf_counter() - start)
     seconds = time.perf_counter() - start
@@ -139,7 +145,7 @@ def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: S
 
 
 def _compare(entry: ZooEntry, k, method: str, ratios: tuple[int, ...], devices: Sequence[str],
-             reference: str | None):
+             reference: str | None, single_runs: dict | None, tol: float):
     from harness.equivalence import compare_training
 
     x, y, sample_weight = entry.data()
@@ -150,7 +156,8 @@ def _compare(entry: ZooEntry, k, method: str, ratios: tuple[int, ...], devices: 
         lambda: entry.build(k), x, y, devices=list(devices[: len(ratios)]), ratios=list(ratios), method=method,
         batch_size=entry.batch_size, epochs=entry.epochs, optimizer=lambda: entry.optimizer(k), loss=entry.loss(k),
         metrics=entry.metrics(k) if entry.metrics else None, sample_weight=sample_weight,
-        class_weight=entry.class_weight, reference=reference, **kwargs,
+        class_weight=entry.class_weight, reference=reference, single_runs=single_runs,
+        skip_float64_parallel_within=tol, **kwargs,
     )
 
 

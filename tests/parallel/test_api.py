@@ -1,23 +1,25 @@
-"""parallelize / multi_gpu_model behave like Keras models; bad input is named and rejected."""
+"""parallelize / multi_gpu_model behave like Keras models; bad input is named and rejected.
+
+Tests that take ``any_keras`` run on Keras 3 and on Keras 2 (where installed); the rest build
+models with the ``keras`` package, whichever generation it is. Keras 2 refusals of their own take
+``keras2``.
+"""
 
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras_models import METHODS, build, data, dense_bn, xfail_where_activity_losses_are_means
 
 import harness
 from harness.parallel import slicing
 from harness.split import shares
 from harness.workloads import small
 
-LOSS = small.loss()
 
-
-def _dense():
-    return small.build("dense")
+def _dense(k=None):
+    return small.build("dense", keras=k)
 
 
 def _data(n=50):
@@ -25,42 +27,58 @@ def _data(n=50):
     return x, y
 
 
-@pytest.mark.parametrize("method", ["towers", "mirrored"])
-def test_save_writes_a_plain_model_with_equal_predictions(logical_devices, tmp_path, method):
-    x, y = _data()
-    template = _dense()
+@pytest.mark.parametrize("method", METHODS)
+def test_save_writes_the_template_with_equal_predictions(logical_devices, tmp_path, any_keras, method):
+    k = any_keras
+    x, y = data("dense_bn", 50)
+    template = dense_bn(k)
+    before = template.get_weights()
     parallel = harness.parallelize(template, logical_devices[:3], ratios=[5, 3, 2], method=method)
-    parallel.compile(optimizer="adam", loss=LOSS, metrics=["accuracy"])
+    parallel.compile(optimizer="adam", loss=small.loss(k), metrics=["accuracy"])
     parallel.fit(x, y, batch_size=16, epochs=2, verbose=0, validation_data=(x[:10], y[:10]))
+    assert not np.allclose(before[0], template.get_weights()[0])  # the template holds the trained weights
     path = tmp_path / "model.keras"
     parallel.save(path)
-    loaded = keras.models.load_model(path)
+    loaded = k.models.load_model(path)
     assert type(loaded).__name__ == "Sequential"
+    assert type(loaded.layers[1]) is k.layers.BatchNormalization  # the plain template, not a synchronised clone
     np.testing.assert_allclose(loaded.predict(x, verbose=0), parallel.predict(x, batch_size=7, verbose=0), atol=1e-5)
     np.testing.assert_allclose(template.predict(x, verbose=0), loaded.predict(x, verbose=0), atol=0)
 
 
-@pytest.mark.parametrize("method", ["towers", "mirrored"])
-def test_evaluate_matches_single_device(logical_devices, method):
-    x, y = _data(45)
-    single = _dense()
-    single.compile(loss=LOSS, metrics=["accuracy"])
-    parallel = harness.parallelize(single, logical_devices[:2], ratios=[1, 3], method=method)
-    parallel.compile(loss=LOSS, metrics=["accuracy"])
-    expected = single.evaluate(x, y, batch_size=16, verbose=0)
-    np.testing.assert_allclose(parallel.evaluate(x, y, batch_size=16, verbose=0), expected, rtol=1e-6)
+@pytest.mark.parametrize("model", ["dense", "activity"])
+@pytest.mark.parametrize("method", METHODS)
+def test_evaluate_and_predict_match_the_template(logical_devices, any_keras, method, model, request):
+    # activity: activity regularisers are part of the evaluated loss
+    k = any_keras
+    if model == "activity":
+        xfail_where_activity_losses_are_means(request, k)
+    x, y = data(model, 45)
+    template = build(k, model)
+    parallel = harness.parallelize(template, logical_devices[:3], ratios=[3, 2, 1], method=method)
+    loss = k.losses.SparseCategoricalCrossentropy(from_logits=True)
+    parallel.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
+    parallel.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    template.compile(loss=loss, metrics=["accuracy"])
+    # 45 at batch 16: the last batch of 13 is split unevenly too
+    np.testing.assert_allclose(parallel.evaluate(x, y, batch_size=16, verbose=0),
+                               template.evaluate(x, y, batch_size=16, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(parallel.predict(x, batch_size=16, verbose=0), template.predict(x, verbose=0),
+                               atol=1e-6)
 
 
 def test_multi_gpu_model_drop_in_on_logical_cpus(logical_devices):
     x, y = _data()
     parallel = harness.multi_gpu_model(_dense(), gpus=[0, 1], ratios=[3, 2])
     assert parallel.method == "towers" and parallel.merge_device == "/device:CPU:0"
-    parallel.compile(optimizer="sgd", loss=LOSS)
+    parallel.compile(optimizer="sgd", loss=small.loss())
     history = parallel.fit(x, y, batch_size=10, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
 
 
 def test_in_graph_split_matches_split_batch(logical_devices):
+    import tensorflow as tf
+
     for ratios in ([768, 560], [3, 2], [5, 3, 2], [1000, 1, 1], [1, 1, 1, 1], [0.3, 0.7]):
         sizes = tf.function(lambda n, r=ratios: slicing.split_sizes(n, r))
         for n in range(0, 130):
@@ -68,6 +86,8 @@ def test_in_graph_split_matches_split_batch(logical_devices):
 
 
 def test_in_graph_split_follows_set_ratios_without_retracing(logical_devices):
+    import tensorflow as tf
+
     parallel = harness.parallelize(_dense(), logical_devices[:3], method="towers")
     sizes = tf.function(lambda n: slicing.split_sizes(n, parallel._shares_ref.value))
     for ratios in ([768, 560, 1], [5, 3, 2], [1000, 1, 1], [0.3, 0.7, 0.01], [1, 1, 1]):
@@ -77,7 +97,7 @@ def test_in_graph_split_follows_set_ratios_without_retracing(logical_devices):
     assert sizes.experimental_get_tracing_count() == 1
 
 
-@pytest.mark.parametrize("method", ["towers", "mirrored"])
+@pytest.mark.parametrize("method", METHODS)
 def test_the_split_variable_is_no_weight(logical_devices, method):
     template = _dense()
     parallel = harness.parallelize(template, logical_devices[:2], ratios="auto", method=method)
@@ -95,18 +115,33 @@ def test_set_ratios_rejects_bad_ratios_and_keeps_the_split(logical_devices):
     assert tuple(parallel._shares_ref.value.numpy()) == shares([3, 2])
 
 
-def test_rebalance_refuses_a_plain_keras_model(logical_devices):
-    from harness.parallel.rebalance import Rebalance
+def test_rebalance_refuses_a_plain_keras_model(logical_devices, any_keras):
+    from harness.parallel.rebalance import rebalance_class
 
+    k = any_keras
     x, y = _data()
-    model = _dense()
-    model.compile(optimizer="sgd", loss=LOSS)
+    model = _dense(k)
+    model.compile(optimizer="sgd", loss=small.loss(k))
     with pytest.raises(TypeError, match="made by harness.parallelize.*got Sequential"):
-        model.fit(x, y, epochs=1, verbose=0, callbacks=[Rebalance()])
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[rebalance_class(k)()])
     with pytest.raises(ValueError, match="every must be an int >= 1; got every=0"):
-        Rebalance(every=0)
+        rebalance_class(k)(every=0)
     with pytest.raises(ValueError, match="tolerance=-0.1"):
-        Rebalance(tolerance=-0.1)
+        rebalance_class(k)(tolerance=-0.1)
+
+
+def test_a_rebalance_of_another_keras_is_refused_by_name(logical_devices, keras2):
+    # Keras 2 only: harness.Rebalance is a callback of the keras package (Keras 3 beside tf_keras). Without the
+    # check, tf_keras' fit fails on it with "'Rebalance' object has no attribute '_implements_train_batch_hooks'".
+    from harness.parallel.rebalance import rebalance_class
+
+    if rebalance_class(keras2) is harness.Rebalance:
+        pytest.skip("TF 2.15: harness.Rebalance is this Keras 2's callback already")
+    x, y = _data(16)
+    parallel = harness.parallelize(_dense(keras2), logical_devices[:2], method="towers")
+    parallel.compile(optimizer="sgd", loss=small.loss(keras2))
+    with pytest.raises(TypeError, match=r"needs a tf_keras callback; use .*rebalance_class\(tf_keras\)"):
+        parallel.fit(x, y, epochs=1, verbose=0, callbacks=[harness.Rebalance()])
 
 
 @pytest.mark.parametrize(
@@ -136,6 +171,8 @@ def test_multi_gpu_model_rejects_more_gpus_than_present(logical_devices):
 
 
 def test_unbuilt_model_and_non_model(logical_devices):
+    import keras
+
     with pytest.raises(ValueError, match="not built"):
         harness.parallelize(keras.Sequential([keras.layers.Dense(1)]), 2)
     with pytest.raises(TypeError, match="keras.Model"):
@@ -150,10 +187,25 @@ def test_bad_training_arguments(logical_devices):
         harness.compare_training(_dense, x, y, devices=logical_devices[:2], batch_size=0)
 
 
-def test_sum_reduced_loss_is_refused_by_mirrored(logical_devices):
-    parallel = harness.parallelize(_dense(), 2, method="mirrored")
+def test_sum_reduced_loss_is_refused_by_mirrored(logical_devices, any_keras):
+    parallel = harness.parallelize(_dense(any_keras), logical_devices[:2], method="mirrored")
     with pytest.raises(ValueError, match="reduction='sum'"):
-        parallel.compile(loss=keras.losses.MeanSquaredError(reduction="sum"))
+        parallel.compile(optimizer="sgd", loss=any_keras.losses.MeanSquaredError(reduction="sum"))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_renorm_batchnorm_is_refused_by_name_on_keras2(logical_devices, keras2, method):
+    # Keras 2 only: its BatchNormalization(renorm=True) cannot be synchronised, and both methods refuse it.
+    # (Keras 3.15's renorm=True is not refused: mirrored trains it exactly, towers not - 0.14 from one
+    # device at 1:3 here - a gap of the Keras 3 adapter, not asserted here.)
+    from harness.compat import Keras2NotSupported
+
+    k, devices = keras2, logical_devices[:2]
+    renorm = k.Sequential([k.Input((4,)), k.layers.BatchNormalization(renorm=True, name="rn"), k.layers.Dense(1)])
+    with pytest.raises(Keras2NotSupported, match="rn \\(BatchNormalization with renorm=True"):
+        harness.parallelize(renorm, devices, method=method)
+    with pytest.raises(Keras2NotSupported, match="rn \\(BatchNormalization with renorm=True"):
+        harness.parallelize(renorm, devices, method=method, emulate="100,50", ratios="auto")
 
 
 def test_logical_devices_after_tf_start_is_a_clear_error():

@@ -179,3 +179,98 @@ def test_multi_gpu_model_trains_as_one_device(logical_devices, any_keras):
         m.fit(x, y, batch_size=20, epochs=2, shuffle=False, verbose=0)
     for a, b in zip(single.get_weights(), model.get_weights()):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+
+
+# -- found by the model zoo (tests/zoo) ---------------------------------------------------------------
+
+def _positions(k):
+    import tensorflow as tf
+
+    class LearnedPositions(k.layers.Layer):
+        """keras-io's TokenAndPositionEmbedding: an Embedding of ``range(length)``, the same for every row."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.tokens = k.layers.Embedding(50, 8)
+            self.positions = k.layers.Embedding(12, 8)
+
+        def call(self, x):
+            return self.tokens(x) + self.positions(tf.range(tf.shape(x)[1]))
+
+    return k.Sequential([k.Input((12,), dtype="int32"), LearnedPositions(), k.layers.GlobalAveragePooling1D(),
+                         k.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_learned_positions_under_adam(logical_devices, any_keras, method):
+    """Keras 3's Adam squares each row of a sparse gradient: one row block per device is not one device's
+    step (before: 1e-3 apart in float64); the devices' blocks are summed into one."""
+    k = any_keras
+    x, y = _data("embedding")
+    report = harness.compare_training(lambda: _positions(k), x, y, devices=logical_devices[:2], ratios=[1, 3],
+                                      method=method, batch_size=20, epochs=2, optimizer=lambda: k.optimizers.Adam(0.01),
+                                      loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert report.is_equivalent(1e-6), report.table()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_loss_function_that_returns_one_scalar(logical_devices, any_keras, method):
+    """Keras 3 divides mean losses by the replica count inside replicas, but not a scalar a loss function
+    returns: mirrored's gradients came out 2x (keras-io's siamese contrastive loss; before: 2e-2 apart)."""
+    import tensorflow as tf
+
+    def scalar_mse(y_true, y_pred):
+        return tf.reduce_mean(tf.square(tf.cast(y_true, y_pred.dtype) - y_pred))
+
+    report = _compare(any_keras, logical_devices, "subclassed", method, loss=scalar_mse)
+    assert report.is_equivalent(1e-6), report.table()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mixed_float16_keeps_loss_scaling(logical_devices, any_keras, method):
+    """The parallel model takes the template's dtype policy, so compile() wraps its optimizer for loss
+    scaling as on one device (before: a plain optimizer, 14 optimizer variables against 18)."""
+    k = any_keras
+
+    def build():
+        previous = k.mixed_precision.global_policy().name  # float64 for compare_training's reference copy
+        k.mixed_precision.set_global_policy("mixed_float16" if previous == "float32" else previous)
+        try:
+            x = k.Input((6,))
+            h = k.layers.Dense(16, activation="relu")(k.layers.Dense(16, activation="relu")(x))
+            out = k.layers.Activation("linear", dtype="float32" if previous == "float32" else None)
+            return k.Model(x, out(k.layers.Dense(4)(h)))
+        finally:
+            k.mixed_precision.set_global_policy(previous)
+
+    model = build()
+    parallel = harness.parallelize(model, logical_devices[:2], ratios=[1, 3], method=method)
+    parallel.compile(optimizer=k.optimizers.Adam(1e-3), loss="mse")
+    assert parallel.dtype_policy.name == "mixed_float16"
+    assert isinstance(parallel.optimizer, k.mixed_precision.LossScaleOptimizer)
+    x, y = _data("dense")
+    report = harness.compare_training(build, x, y, devices=logical_devices[:2], ratios=[1, 3], method=method,
+                                      batch_size=20, epochs=2, optimizer=lambda: k.optimizers.Adam(1e-3), loss="mse",
+                                      reference="float64")
+    assert report.verdict() != "FAIL", report.table()
+
+
+def test_grouped_convolutions_towers_refuses_by_name_mirrored_is_exact(logical_devices, any_keras):
+    """ConvNeXt's grouped Conv2D: Keras 3 runs it in XLA, which cannot read a kernel kept on another device
+    (before: towers failed mid-fit with TensorFlow's "Trying to access resource ... from device CPU:1")."""
+    k = any_keras
+    if not hasattr(k, "ops"):
+        pytest.skip("Keras 2 has no XLA path for grouped convolutions (and no grouped Conv2D on CPU)")
+
+    def build():
+        return k.Sequential([k.Input((8, 8, 4)), k.layers.Conv2D(4, 3, groups=4, name="grouped"),
+                             k.layers.GlobalAveragePooling2D(), k.layers.Dense(3)])
+
+    with pytest.raises(ValueError, match=r"method='towers' cannot run grouped \(Conv2D, groups=4.*method='mirrored'"):
+        harness.parallelize(build(), logical_devices[:2], ratios=[1, 3], method="towers")
+    x = np.random.default_rng(1).normal(size=(45, 8, 8, 4)).astype("float32")
+    y = np.random.default_rng(2).integers(0, 3, 45)
+    report = harness.compare_training(build, x, y, devices=logical_devices[:2], ratios=[1, 3], method="mirrored",
+                                      batch_size=20, epochs=2, optimizer=lambda: k.optimizers.SGD(0.05),
+                                      loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert report.is_equivalent(1e-6), report.table()

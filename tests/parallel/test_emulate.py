@@ -1,8 +1,10 @@
 """Emulated heterogeneous devices: speed within 10%, overlap like real GPUs, TF's own OOM error, host-bound runs.
 
-Every case runs in its own process: TensorFlow fixes its devices once per process. Rates come
-from the ``emulation`` fixture (``harness calibrate``): scaled down where this host could not
-keep up, so the figures stay the emulation's on a busy machine too.
+The runs and the CLI run in their own processes: TensorFlow fixes its devices once per process. Rates
+come from the ``emulation`` fixture (``harness calibrate``): scaled down where this host could not
+keep up, so the figures stay the emulation's on a busy machine too. The models parallelised with
+``emulate=`` (exact, timed, at their rates) train on the ``logical_devices`` fixture's devices, on
+both Keras generations (``any_keras``).
 """
 
 from __future__ import annotations
@@ -10,9 +12,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from keras_models import METHODS, compare_emulated, data, fixed_loss_scale, xfail_where_activity_losses_are_means
 from tf_process import run_harness, run_python
 
+import harness
 from harness.emulate import EmulatedDevice, Emulator, Event, parse_emulate
+from harness.workloads import small
 
 
 def test_parse_emulate():
@@ -220,3 +225,62 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio split from measured single-device speeds" in done.stdout
     assert "HOST-BOUND" not in done.stdout and "harness compare: warning" not in done.stderr
+
+
+# -- models parallelised with emulate= (all figures here are emulated devices', DESIGN.md) --------------
+@pytest.mark.parametrize("name", ["dense_bn", "activity"])
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_devices_stay_exact(logical_devices, any_keras, method, name, request):
+    # Emulation only adds delays. 61 at batch 20: the last batch of 1 runs the single-device step with the
+    # devices' begin ops in place; dense_bn (towers): whole-batch BatchNormalization over gated slices.
+    if name == "activity":
+        xfail_where_activity_losses_are_means(request, any_keras)
+    report, parallel = compare_emulated(any_keras, logical_devices[:3], method, name, 61, 20, ratios=[3, 2, 1],
+                                        emulate="20000,10000,5000")
+    assert report.steps == 8 and report.max_deviation <= 1e-6, report.table()
+    busy = parallel.emulator.busy_between(0, float("inf"))
+    # The two 1-sample batches ran the single-device step: no device's work, nothing logged.
+    assert [(busy[d].steps, busy[d].samples) for d in parallel.devices] == [(6, 60), (6, 42), (6, 18)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_time_devices_logs_each_devices_busy_time(logical_devices, any_keras, method):
+    k, devices = any_keras, logical_devices[:2]
+    x, y = data("dense", 96)
+    parallel = harness.parallelize(small.build("dense", keras=k), devices, ratios=[3, 1], method=method)
+    emulator = parallel.time_devices()
+    assert emulator is parallel.emulator and emulator.timed == tuple(devices) and not emulator.devices
+    parallel.compile(optimizer="sgd", loss=small.loss(k))
+    parallel.fit(x, y, batch_size=16, epochs=2, verbose=0)  # 12 steps of 12 + 4 samples
+    busy = emulator.busy_between(0, float("inf"))
+    assert [(busy[d].steps, busy[d].samples) for d in devices] == [(12, 144), (12, 48)]
+    assert all(busy[d].seconds > 0 for d in devices)
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_devices_run_at_their_rates(logical_devices, any_keras, method):
+    k, devices = any_keras, logical_devices[:2]
+    x, y = data("dense", 480)
+    parallel = harness.parallelize(small.build("dense", keras=k), devices, ratios=[2, 1], method=method,
+                                   emulate="2000,1000")
+    parallel.compile(optimizer="sgd", loss=small.loss(k))
+    parallel.fit(x, y, batch_size=60, epochs=1, verbose=0)  # 8 steps of 40 + 20 samples: 20 ms each
+    busy = parallel.emulator.busy_between(0, float("inf"))
+    assert [busy[d].samples for d in devices] == [320, 160]
+    # Busy time is the emulated time when the real work is shorter (a loaded machine adds a little).
+    assert [busy[d].rate for d in devices] == pytest.approx([2000, 1000], rel=0.2)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_emulated_mixed_precision(logical_devices, any_keras, method):
+    # The emulated step unscales the LossScaleOptimizer's gradients itself (it does not call minimize).
+    k = any_keras
+    k.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        report, _ = compare_emulated(k, logical_devices[:2], method, "dense_l2", 61, 20, ratios=[3, 1],
+                                     emulate="20000,10000",
+                                     optimizer=lambda: fixed_loss_scale(k, k.optimizers.SGD(0.05)))
+    finally:
+        k.mixed_precision.set_global_policy("float32")
+    assert report.max_deviation <= 1e-3, report.table()  # float16 rounding, as test_equivalence's test_mixed_precision

@@ -18,7 +18,6 @@ depends on the machine's kernels, so no such case is asserted here.
 
 import math
 
-import keras
 import numpy as np
 import pytest
 
@@ -26,10 +25,10 @@ import harness
 from harness.equivalence import EquivalenceReport, WeightDiff
 from harness.workloads import small
 
-LOSS = small.loss()
-
 
 def _momentum_sgd():
+    import keras
+
     return keras.optimizers.SGD(learning_rate=0.01, momentum=0.5)  # momentum: optimizer state is compared too
 
 
@@ -122,11 +121,12 @@ def test_unknown_reference_is_refused_before_training(reference):
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
-def test_exact_model_is_exact_and_close_to_float64(logical_devices, method):
+def test_exact_model_is_exact_and_close_to_float64(logical_devices, method, keras3):
+    keras = keras3  # Keras 3 only: keras.config
     x, y, _ = small.make_data("dense", 61)
     report = harness.assert_equivalent(
         lambda: small.build("dense"), x, y, devices=logical_devices[:2], ratios=[3, 2], method=method,
-        batch_size=20, epochs=2, optimizer=_momentum_sgd, loss=LOSS, reference="float64",
+        batch_size=20, epochs=2, optimizer=_momentum_sgd, loss=small.loss(), reference="float64",
     )
     assert report.verdict() == "exact" and report.reference == "float64"
     # float32 rounding: above zero (the reference really is float64), far below any bug
@@ -141,7 +141,7 @@ def test_exact_model_is_exact_and_close_to_float64(logical_devices, method):
 def test_wrong_parallel_wrapper_fails_against_float64(logical_devices):
     x, y, _ = small.make_data("dense", 61)
     args = dict(devices=logical_devices[:2], ratios=[3, 2], method=_PerturbedLearningRate, batch_size=20, epochs=2,
-                optimizer=_momentum_sgd, loss=LOSS)
+                optimizer=_momentum_sgd, loss=small.loss())
     report = harness.compare_training(lambda: small.build("dense"), x, y, reference="float64", **args)
     assert report.verdict() == "FAIL" and not report.as_accurate()
     assert report.reference_parallel > 10 * report.reference_single
@@ -152,6 +152,7 @@ def test_wrong_parallel_wrapper_fails_against_float64(logical_devices):
     assert "farthest from float64" in message and "dense" in message  # the worst variables
 
 
+@pytest.mark.usefixtures("keras3")  # Keras 3 only: NaiveUnevenFit reaches into Keras 3's fit
 def test_keras_fit_on_uneven_replicas_fails_against_float64(logical_devices):
     # The bug class harness exists for (test_guard.py): Keras' own fit under MirroredStrategy, 60/40 split.
     from test_guard import NaiveUnevenFit, _build
@@ -169,7 +170,7 @@ def test_per_device_batchnorm_fails_against_float64(logical_devices):
     x, y, _ = small.make_data("cnn_bn", 40)
     report = harness.compare_training(
         lambda: small.build("cnn_bn"), x, y, devices=logical_devices[:2], ratios=[1, 3], method="towers",
-        batch_size=40, optimizer="sgd", loss=LOSS, sync_batchnorm=False, reference="float64",
+        batch_size=40, optimizer="sgd", loss=small.loss(), sync_batchnorm=False, reference="float64",
     )
     assert report.verdict() == "FAIL", report.summary()
     assert report.reference_parallel > 100 * report.reference_single
@@ -177,6 +178,8 @@ def test_per_device_batchnorm_fails_against_float64(logical_devices):
 
 def _mobilenet_blocks(depth=8, width=24):
     """MobileNet-style blocks: depthwise (stride 2 every other block) and pointwise convolutions, BN, swish."""
+    import keras
+
     inputs = keras.Input((32, 32, 3))
     h = inputs
     for i in range(depth):
@@ -194,11 +197,13 @@ def test_batchnorm_cnn_rounding_is_as_accurate_as_one_device(logical_devices, me
     # Four SGD steps of batch 16: rounding grows to ~1e-5 (not exact at 1e-6), and the parallel
     # run stays as close to float64 as the single-device run (measured here: parallel 9.3e-6 from single,
     # 6.2e-6 from float64, single 6.7e-6 from float64; 7.3e-6, 5.3e-6, 6.9e-6 with TF_ENABLE_ONEDNN_OPTS=0).
+    import keras
+
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 32, 32, 3)).astype("float32"), rng.integers(0, 10, 64)
     report = harness.assert_equivalent(
         _mobilenet_blocks, x, y, devices=logical_devices[:2], ratios=[3, 2], method=method, batch_size=16,
-        optimizer=lambda: keras.optimizers.SGD(0.2), loss=LOSS, reference="float64",
+        optimizer=lambda: keras.optimizers.SGD(0.2), loss=small.loss(), reference="float64",
     )
     assert report.steps == 4
     assert not report.is_equivalent(1e-6) and report.max_deviation > 2e-6, report.summary()
@@ -207,7 +212,8 @@ def test_batchnorm_cnn_rounding_is_as_accurate_as_one_device(logical_devices, me
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision_gets_a_float64_reference(logical_devices, policy):
+def test_mixed_precision_gets_a_float64_reference(logical_devices, policy, keras3):
+    keras = keras3  # Keras 3 only: keras.config
     def build():
         inputs = keras.Input((12,))
         h = keras.layers.Dense(3)(keras.layers.Dense(16, activation="tanh")(inputs))
@@ -217,7 +223,7 @@ def test_mixed_precision_gets_a_float64_reference(logical_devices, policy):
     keras.config.set_dtype_policy(policy)
     try:
         report = harness.compare_training(build, x, y, devices=logical_devices[:2], method=_same_device,
-                                          batch_size=20, optimizer=lambda: keras.optimizers.SGD(0.1), loss=LOSS,
+                                          batch_size=20, optimizer=lambda: keras.optimizers.SGD(0.1), loss=small.loss(),
                                           reference="float64")
         assert keras.config.dtype_policy().name == policy  # restored
     finally:
@@ -227,7 +233,8 @@ def test_mixed_precision_gets_a_float64_reference(logical_devices, policy):
     assert 1e-6 < report.reference_single < 1e-2
 
 
-def test_layer_with_its_own_low_precision_is_refused(logical_devices):
+def test_layer_with_its_own_low_precision_is_refused(logical_devices, keras3):
+    keras = keras3  # Keras 3 only: keras.config
     def build():
         return keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, dtype="float32", name="pinned"),
                                  keras.layers.Dense(3)])
@@ -235,7 +242,7 @@ def test_layer_with_its_own_low_precision_is_refused(logical_devices):
     x, y, _ = small.make_data("dense", 8)
     refused = r"layer 'pinned' computes in float32.*variable '[^']*pinned/kernel' is float32"
     with pytest.raises(ValueError, match=refused):
-        harness.compare_training(build, x, y, devices=logical_devices[:2], method=_same_device, loss=LOSS,
+        harness.compare_training(build, x, y, devices=logical_devices[:2], method=_same_device, loss=small.loss(),
                                  reference="float64")
     assert keras.config.floatx() == "float32" and keras.config.dtype_policy().name == "float32"
 

@@ -2,23 +2,27 @@
 
 DESIGN.md: Keras 3 ``fit`` under MirroredStrategy with a 60/40 split drifted
 0.042 from single-device training in one epoch, because each replica's mean
-loss is scaled by 1/num_replicas whatever its sample count.
+loss is scaled by 1/num_replicas whatever its sample count. Keras 3 only: the naive path reaches
+into Keras 3's fit (``_symbolic_build``).
 """
 
-import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import harness
-from harness.parallel.collective import strategy_for
 from harness.split import split_batch
+
+pytestmark = pytest.mark.usefixtures("keras3")
 
 
 class NaiveUnevenFit:
     """Keras' own fit fed uneven per-replica slices: the path users try first."""
 
     def __init__(self, template, devices, ratios):
+        import keras
+
+        from harness.parallel.collective import strategy_for
+
         self.template, self.ratios = template, ratios
         self.strategy = strategy_for(tuple(devices))
         with self.strategy.scope():
@@ -34,6 +38,8 @@ class NaiveUnevenFit:
             self.model.compile(**kwargs)
 
     def fit(self, x, y, *, batch_size, epochs, **_):
+        import tensorflow as tf
+
         def slices():
             for start in range(0, len(y), batch_size):
                 xb, yb = x[start : start + batch_size], y[start : start + batch_size]
@@ -57,6 +63,8 @@ class NaiveUnevenFit:
 
 
 def _build():
+    import keras
+
     return keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
 
 

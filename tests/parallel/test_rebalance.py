@@ -10,7 +10,7 @@ window, the same splits. (Steps of 0.2 s and more keep the real work between
 the devices' emulated windows - input, loss, optimizer - small next to them,
 also on a busy 2-core machine.) Each case runs in its own process: TensorFlow
 fixes its devices once per process, and emulated devices need their own
-inter-op threads.
+inter-op threads. ``ratios="auto"`` runs on both Keras generations (``any_keras``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-from tf_process import ENV, run_python
+from tf_process import ENV
 
 _THROTTLED = """
 import json, sys, harness
@@ -81,33 +82,46 @@ def test_rebalance_recovers_the_throttled_throughput(method, emulation):
 
 
 _AUTO = """
-import json, harness
+import importlib, json, sys, harness
 devices = harness.use_logical_devices(2, inter_op_threads=4)
-import keras, numpy as np
+from harness.parallel.rebalance import is_rebalance
 from harness.workloads import small
+k, method = importlib.import_module(sys.argv[1]), sys.argv[2]  # keras, or a Keras 2 module (tf_keras)
+made = []
+
+
+def parallelize(template, devs, ratios):  # compare_training's hook: emulated devices and ratios="auto"
+    # 500 and 200 samples/s, device 1 with 40 ms per step more: the rule converges to equal step times.
+    # (A small dense model: its real work is a fraction of a millisecond, far below what it emulates.)
+    made.append(harness.parallelize(template, devs, ratios="auto", method=method, emulate="500,200::40"))
+    return made[0]
+
+
 x, y, _ = small.make_data("dense", 1400)
-keras.utils.set_random_seed(0)
-single, template = small.build("dense"), small.build("dense")
-template.set_weights(single.get_weights())
-# 500 and 200 samples/s, device 1 with 40 ms per step more: the rule converges to equal step times.
-# (A small dense model: its real work is a fraction of a millisecond, far below what it emulates.)
-parallel = harness.parallelize(template, devices, ratios="auto", method="towers", emulate="500,200::40")
-for model in (single, parallel):
-    model.compile(optimizer="sgd", loss=small.loss())
-    model.fit(x, y, batch_size=70, epochs=2, shuffle=False, verbose=0)
-deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(single.get_weights(), template.get_weights()))
-history = parallel.rebalancer.history
-print(json.dumps({"ratios": parallel.ratios, "deviation": deviation, "batches": history[-1]["batches"],
-                  "resplits": sum(e["resplit"] for e in history), "steps": parallel.rebalancer.steps}))
+report = harness.compare_training(lambda: small.build("dense", keras=k), x, y, devices=devices, method=parallelize,
+                                  batch_size=70, epochs=2, loss=small.loss(k),
+                                  optimizer=lambda: k.optimizers.SGD(0.05, momentum=0.5))
+rebalancer = made[0].rebalancer
+print(json.dumps({"deviation": report.max_deviation, "steps": [report.steps, rebalancer.steps],
+                  "loss": [report.loss_single, report.loss_parallel], "batches": rebalancer.history[-1]["batches"],
+                  "resplits": sum(e["resplit"] for e in rebalancer.history),
+                  "callback": isinstance(rebalancer, k.callbacks.Callback) and is_rebalance(rebalancer)}))
 """
 
 
-def test_auto_ratios_tune_the_split_while_training_and_stay_exact():
-    out = json.loads(run_python(_AUTO).strip().splitlines()[-1])
-    assert out["steps"] == 40 and out["resplits"] >= 1
+@pytest.mark.timing
+@pytest.mark.parametrize("method", ["towers", "mirrored"])
+def test_auto_ratios_tune_the_split_while_training_and_stay_exact(any_keras, method):
+    done = subprocess.run([sys.executable, "-c", _AUTO, any_keras.__name__, method], capture_output=True, text=True,
+                          timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["callback"]  # the built-in rebalancer is a callback of the model's Keras
+    assert out["steps"] == [40, 40] and out["resplits"] >= 1
     # Equal step times: b0 / 500 = 40 ms + b1 / 200 with b0 + b1 = 70 -> b0 = 55.7.
     assert out["batches"] in ([55, 15], [56, 14], [57, 13])
-    assert out["deviation"] < 1e-6
+    assert out["deviation"] <= 1e-6  # weights and optimizer state
+    np.testing.assert_allclose(out["loss"][1], out["loss"][0], atol=1e-6)
 
 
 @pytest.mark.timing

@@ -1,10 +1,10 @@
 """GRU and LSTM stacks learn as well in parallel as on one device.
 
 Guards: seed 001 (a 4 x GRU(512) model's accuracy halved on 2 GPUs with multi_gpu_model:
-0.51 -> 0.21 at batch 128); recurrent state or masks split wrongly across replicas.
+0.51 -> 0.21 at batch 128); recurrent state or masks split wrongly across replicas. On Keras 3 and
+Keras 2 models (the ``any_keras`` fixture; Keras 2 where installed).
 """
 
-import keras
 import numpy as np
 import pytest
 
@@ -19,22 +19,23 @@ def _data(samples=384, steps=8, seed=3):
     return x, y
 
 
-def _stack(cell):
+def _stack(k, cell):
+    layer = getattr(k.layers, cell)
+
     def build():
-        model = keras.Sequential([keras.Input((8, 3)), cell(16, return_sequences=True), cell(16),
-                                  keras.layers.Dense(2)])
-        return model
+        return k.Sequential([k.Input((8, 3)), layer(16, return_sequences=True), layer(16), k.layers.Dense(2)])
     return build
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
-@pytest.mark.parametrize("cell", [keras.layers.GRU, keras.layers.LSTM], ids=["gru", "lstm"])
-def test_recurrent_stack_reaches_the_single_device_accuracy(logical_devices, method, cell):
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"], ids=["gru", "lstm"])
+def test_recurrent_stack_reaches_the_single_device_accuracy(logical_devices, any_keras, method, cell):
+    k = any_keras
     x, y = _data()
     report = harness.compare_training(
-        _stack(cell), x, y, devices=logical_devices[:2], ratios=[3, 2], method=method, batch_size=32, epochs=4,
-        optimizer=lambda: keras.optimizers.Adam(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        _stack(k, cell), x, y, devices=logical_devices[:2], ratios=[3, 2], method=method, batch_size=32, epochs=4,
+        optimizer=lambda: k.optimizers.Adam(0.01),
+        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     single, parallel = report.metrics_single["accuracy"][-1], report.metrics_parallel["accuracy"][-1]
     assert single > 0.8, f"the task is not learnt even on one device (accuracy {single:.3f})"
     assert parallel == pytest.approx(single, abs=0.01)

@@ -16,7 +16,7 @@ SPLITS = list(zoo.SPLITS)
 # A handful of cases: each fast model once, methods and splits taken in turn; two on Keras 2.
 FAST_CASES = [(name, "3", zoo.METHODS[i % 2], SPLITS[i % 3]) for i, name in enumerate(FAST)]
 FAST_CASES += [("custom_train_step", "2", "mirrored", "5:3:2"), ("subclassed_mlp", "2", "mirrored", "3:2")]
-WHOLE = [(g, e.name, m) for g in zoo.GENERATIONS for e in zoo.select(keras=g) for m in zoo.METHODS]
+WHOLE = [(g, e.name) for g in zoo.GENERATIONS for e in zoo.select(keras=g)]
 
 
 def _keras(generation: str):
@@ -39,7 +39,9 @@ def _assert_conforms(rows, must_refuse: bool = False):
             assert len(row.status) > len("refused: ") + 10, f"a refusal names its reason:\n{table}"
         else:
             assert row.max_deviation is not None and row.reference_single is not None, table
-            assert row.reference_parallel is not None and row.reference_exact is not None, table
+            assert row.reference_parallel is not None, table
+            # The parallel float64 run is trained only where the float32 runs are not exact.
+            assert (row.reference_exact is None) == (row.status == "exact"), table
 
 
 @pytest.mark.parametrize(("name", "generation", "method", "split"), FAST_CASES,
@@ -52,10 +54,11 @@ def test_fast_subset_conforms(logical_devices, name, generation, method, split):
 
 
 @pytest.mark.zoo
-@pytest.mark.parametrize(("generation", "name", "method"), WHOLE, ids=[f"{n}-keras{g}-{m}" for g, n, m in WHOLE])
-def test_whole_zoo_conforms(logical_devices, generation, name, method):
+@pytest.mark.parametrize(("generation", "name"), WHOLE, ids=[f"{n}-keras{g}" for g, n in WHOLE])
+def test_whole_zoo_conforms(logical_devices, generation, name):
+    # One model's cases in one test: run_zoo trains its single-device runs once for all of them.
     _keras(generation)
     (entry,) = zoo.select([name], keras=generation)
-    rows = zoo.run_zoo([name], methods=[method], keras=generation, devices=logical_devices[:3])
-    assert [r.split for r in rows] == SPLITS
+    rows = zoo.run_zoo([name], keras=generation, devices=logical_devices[:3])
+    assert [(r.method, r.split) for r in rows] == [(m, s) for m in zoo.METHODS for s in SPLITS]
     _assert_conforms(rows, must_refuse=entry.must_refuse)

@@ -130,6 +130,10 @@ class Adapter:
         """``"name (why)"`` of what this generation cannot train exactly with ``method``."""
         return []
 
+    def towers_refusal(self, template) -> list[str]:
+        """``"name (why)"`` of the layers towers cannot run on devices other than their variables'."""
+        return []
+
     # -- BatchNormalization and the graph walk of towers ---------------------------------------
     def is_batchnorm(self, layer) -> bool:
         raise NotImplementedError

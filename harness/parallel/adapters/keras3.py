@@ -7,6 +7,7 @@ here, checked on Keras 3.0 through 3.15 unless a comment says otherwise.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import keras
 import tensorflow as tf
@@ -36,6 +37,44 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         return means[0], variances[0]
 
 
+class _Unscaled:
+    """How many harness loss computations are running (in any replica thread)."""
+
+    depth = 0
+    lock = threading.Lock()
+    installed = False
+
+
+@contextlib.contextmanager
+def _unscaled_losses():
+    """Keras' losses computed as on one device, even in a strategy's scope or replica.
+
+    There Keras divides a mean-reduced loss by the replica count, but not a loss function that
+    returns a scalar (``reduce_values`` returns those unreduced and unscaled), so no factor
+    undoes it afterwards. harness computes the whole batch's loss in every replica and needs
+    it unscaled: while this context is open, ``scale_loss_for_distribution`` (Keras 3.0-3.15:
+    ``keras.src.losses.loss``, called by ``reduce_values``) returns its value as it is. The
+    replicas of one step trace in threads of their own, hence a process-wide count.
+    """
+    from keras.src.losses import loss as loss_module
+
+    with _Unscaled.lock:
+        if not _Unscaled.installed:
+            scale = loss_module.scale_loss_for_distribution
+
+            def scale_unless_harness(value):
+                return value if _Unscaled.depth else scale(value)
+
+            loss_module.scale_loss_for_distribution = scale_unless_harness
+            _Unscaled.installed = True
+        _Unscaled.depth += 1
+    try:
+        yield
+    finally:
+        with _Unscaled.lock:
+            _Unscaled.depth -= 1
+
+
 class Keras3Adapter(Adapter):
     generation = 3
     call_losses_are_means = False  # Keras 3 adds activity regularisers as sums over the samples
@@ -53,13 +92,8 @@ class Keras3Adapter(Adapter):
         compile_loss = model._compile_loss
         if compile_loss is None:
             return None
-        value = compile_loss(y, y_pred, sample_weight)
-        if value is None:
-            return None
-        # In a strategy's scope or replica Keras divides mean losses by the replica count.
-        from keras.src.losses.loss import unscale_loss_for_distribution
-
-        return unscale_loss_for_distribution(value)
+        with _unscaled_losses():
+            return compile_loss(y, y_pred, sample_weight)
 
     @contextlib.contextmanager
     def untracked_losses(self, model):
@@ -120,6 +154,23 @@ class Keras3Adapter(Adapter):
 
     def local_variable(self, weight):
         return weight.value._get_on_device_or_primary()  # a Keras Variable around a MirroredVariable
+
+    def towers_refusal(self, template) -> list[str]:
+        # keras.src.backend.tensorflow.nn.conv (Keras 3.0-3.15) runs grouped convolutions, and 3D
+        # ones with channels_first, in a tf.function(jit_compile=True) that captures the kernel
+        # variable: an XLA cluster on a tower's device cannot read a variable on another device
+        # ("Trying to access resource ... located in device CPU:0 from device CPU:1").
+        found = []
+        for layer in self.sublayers(template):
+            if not isinstance(layer, keras.layers.Layer) or not hasattr(layer, "kernel_size"):
+                continue
+            groups = getattr(layer, "groups", 1) or 1
+            conv3d_first = getattr(layer, "rank", 0) == 3 and getattr(layer, "data_format", "") == "channels_first"
+            if groups > 1 or conv3d_first:
+                why = f"groups={groups}" if groups > 1 else "3D, channels_first"
+                found.append(f"{layer.name} ({type(layer).__name__}, {why}: Keras compiles it with XLA, which cannot "
+                             "read the kernel from the device the towers keep it on)")
+        return found
 
     # -- BatchNormalization -----------------------------------------------------------------------------
     def is_batchnorm(self, layer) -> bool:
