@@ -461,7 +461,8 @@ class _Run:
 
 
 def _keep(variables) -> list[_Kept]:
-    return [_Kept(_variable_name(v), np.array(v)) for v in variables]
+    # .numpy(): np.array(variable) warns on NumPy 2 (Keras 3 variables' __array__ takes no copy=).
+    return [_Kept(_variable_name(v), np.array(v.numpy())) for v in variables]
 
 
 def _diff_variables(reference, other, prefix: str) -> list[WeightDiff]:

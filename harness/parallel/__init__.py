@@ -63,8 +63,8 @@ def parallelize(
 
     Raises:
         TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
-        ValueError: unbuilt model, unknown method or devices, invalid ratios.
-        Keras2NotSupported: a Keras 2 model with a layer it cannot train exactly (names it).
+        ValueError: unbuilt model, unknown method or devices, invalid ratios; a BatchNormalization
+            layer ``method`` cannot synchronise (names it; ``harness.compat.Keras2NotSupported`` on Keras 2).
         NotImplementedError: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``.
 
     Example:
@@ -75,7 +75,7 @@ def parallelize(
         >>> parallel.compile(optimizer="sgd", loss="mse")
         >>> tuned = harness.parallelize(model, devices, ratios="auto")  # split tuned while training
     """
-    from harness.compat import Keras2NotSupported, is_keras2_model
+    from harness.compat import is_keras2_model
     from harness.devices import resolve_devices
     from harness.parallel.adapters import adapter_for
 
@@ -98,10 +98,7 @@ def parallelize(
     adapter = adapter_for(model)
     refused = adapter.unsupported(model, method, sync_batchnorm)
     if refused:
-        raise Keras2NotSupported(
-            f"method={method!r} on a Keras 2 model ({type(model).__module__}) cannot train exactly: "
-            + "; ".join(refused) + ". Use a Keras 3 model (import keras, TF >= 2.16), or sync_batchnorm=False"
-        )
+        raise adapter.unsupported_error(model, method, refused)
     if method == "towers":
         from harness.parallel.towers import towers_class as make
     else:

@@ -50,7 +50,7 @@ def run_towers(adapter, model, parts: list, devices: Sequence[str], merge_device
 
 
 def _run_node(adapter, graph, op, filled, devices, merge_device, training, losses):
-    if training and adapter.is_batchnorm(op) and op.trainable and adapter.batchnorm_refusal(op) is None:
+    if training and adapter.is_batchnorm(op) and op.trainable and adapter.batchnorm_refusal(op, "towers") is None:
         return batchnorm_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device)
     if training and adapter.graph_of(op) is not None and has_batchnorm(adapter, op):
         outputs, inner = run_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device, training)

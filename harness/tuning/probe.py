@@ -155,7 +155,7 @@ def probe_device(
 
 
 class _OutOfMemory(Exception):
-    pass
+    device_index: int | None = None  # set by the tuner's solo runs: which of its devices
 
 
 def _runner(workload, size: str, device: str, emulate, seed: int):

@@ -236,10 +236,9 @@ def _choice_text(choice: dict) -> str:
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say):
     ceilings = _memory_ceilings(probes, split.global_batch)
-    even = _even(split.global_batch, ceilings)
     say("verifying: each device alone at its batch")
     tuned_solo = _solo(probes, split.batches, seconds, say)
-    even_solo = _solo(probes, even, seconds, say) if compare_even and tuple(even) != tuple(split.batches) else None
+    even, even_solo = _even_solo(probes, split, ceilings, seconds, say) if compare_even else (split.batches, None)
     for probe, _ in probes:
         probe.release()  # free the probe models before the parallel ones take the memory
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
@@ -274,13 +273,45 @@ def _even(global_batch: int, ceilings: Sequence[int]) -> tuple[int, ...]:
     return split_batch(batch, [1.0] * n)
 
 
+def _even_solo(probes, split, ceilings: list[int], seconds, say) -> tuple[tuple[int, ...], list[float | None] | None]:
+    """The even split (within ``ceilings``) and each device's rate alone at it; None if it is the tuned split.
+
+    A device whose probe stopped growing before it ran out of memory (step time, limit) has no known
+    ceiling, so its even slice may still run out of memory here: its ceiling (in ``ceilings``, updated)
+    becomes the largest batch it was seen to fit, and the even split shrinks to fit it.
+    """
+    from harness.tuning.probe import _OutOfMemory
+
+    while True:
+        even = _even(split.global_batch, ceilings)
+        if tuple(even) == tuple(split.batches):
+            return even, None
+        try:
+            return even, _solo(probes, even, seconds, say)
+        except _OutOfMemory as oom:
+            index = oom.device_index
+            (probe, _), batch = probes[index], even[index]
+            known = probe.ceiling or 0
+            if known >= batch:  # it fitted this batch while probed: nothing to learn, a failure
+                raise
+            say(f"    {probe.device} ran out of memory alone at {batch} (it fitted {known} while probed): "
+                f"the even split shrinks to fit it")
+            ceilings[index] = known
+
+
 def _solo(probes, batches, seconds, say) -> list[float | None]:
-    rates = []
+    from harness.tuning.probe import _OutOfMemory
+
+    rates: list[float | None] = []
     for (probe, _), batch in zip(probes, batches):
         if batch < 1:
             rates.append(0.0)
             continue
-        point = probe.measure(batch, min_seconds=seconds / 2)
+        try:
+            point = probe.measure(batch, min_seconds=seconds / 2)
+        except _OutOfMemory as oom:
+            oom.device_index = len(rates)  # which device: the caller may learn its ceiling
+            raise
         rates.append(batch / point.step_seconds)
         say(f"    {probe.device} alone at {batch}: {rates[-1]:.0f} samples/s")
     return rates

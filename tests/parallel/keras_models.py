@@ -11,7 +11,6 @@ batch of 5 split over 4 devices).
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import harness
 from harness.workloads import small
@@ -22,25 +21,6 @@ METHODS = ["towers", "mirrored"]
 def is_keras2(k) -> bool:
     """True for a Keras 2 module (what the ``any_keras`` fixture's ``keras2`` param gives)."""
     return int(k.__version__.split(".")[0]) == 2
-
-
-def xfail_where_activity_losses_are_means(request, k) -> None:
-    """Marks the running test an expected failure (strict) on a Keras 3 that divides activity regularisers
-    by the call's batch size.
-
-    Keras 3.15 does (``keras/src/layers/layer.py``: "Normalize by batch size"), while harness' Keras 3
-    adapter takes them as sums over the slice (``call_losses_are_means = False``), so a split step's
-    activity losses are not the whole batch's: the epoch loss doubles at 4:3:2:1. Strict: the test
-    fails again once the adapter follows Keras, so this mark must then go.
-    """
-    if is_keras2(k):
-        return
-    layer = k.layers.Dense(1, kernel_initializer="ones", use_bias=False, activity_regularizer=k.regularizers.L1(1.0))
-    layer(np.ones((4, 1), "float32"))
-    if float(sum(layer.losses)) == 1.0:  # the mean over the 4 samples; a sum would be 4
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason=f"Keras {k.__version__} divides activity regularisers by the batch size; the "
-                                "Keras 3 adapter sums them over the slice (call_losses_are_means=False)"))
 
 
 def dense_l2(k):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from keras_models import METHODS, compare_emulated, data, fixed_loss_scale, xfail_where_activity_losses_are_means
+from keras_models import METHODS, compare_emulated, data, fixed_loss_scale
 from tf_process import run_harness, run_python
 
 import harness
@@ -186,14 +186,16 @@ def test_harness_run_out_of_memory_fails_cleanly_and_records_it(tmp_path):
 
 
 def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path, emulation):
-    # 100 ms of preprocessing per 64-sample batch: at most 640 samples/s, against a device worth more.
+    # 200 ms of preprocessing per 16-sample batch: at most 80 samples/s, against a device worth far more
+    # even on a crowded host. (64 samples per 100 ms was not starved beside two CPU hogs: the host-bound
+    # steps trained slower than 640 / 1.1 samples/s.)
     (rate,) = emulation.scale(4000)
-    done = run_harness(["run", "--emulate", str(rate), "--batches", "64", "--seconds", "0.5", "--windows", "1",
-                        "--input-delay-ms", "100", "--json", "--no-save"], tmp_path)
+    done = run_harness(["run", "--emulate", str(rate), "--batches", "16", "--seconds", "0.5", "--windows", "1",
+                        "--input-delay-ms", "200", "--json", "--no-save"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)["result"]
-    assert result["input"]["starved"] is True
-    assert result["input"]["samples_per_second"] < 700
+    assert result["input"]["starved"] is True, result["input"]
+    assert result["input"]["samples_per_second"] < 85
 
 
 @pytest.mark.timing
@@ -230,11 +232,9 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
 # -- models parallelised with emulate= (all figures here are emulated devices', DESIGN.md) --------------
 @pytest.mark.parametrize("name", ["dense_bn", "activity"])
 @pytest.mark.parametrize("method", METHODS)
-def test_emulated_devices_stay_exact(logical_devices, any_keras, method, name, request):
+def test_emulated_devices_stay_exact(logical_devices, any_keras, method, name):
     # Emulation only adds delays. 61 at batch 20: the last batch of 1 runs the single-device step with the
     # devices' begin ops in place; dense_bn (towers): whole-batch BatchNormalization over gated slices.
-    if name == "activity":
-        xfail_where_activity_losses_are_means(request, any_keras)
     report, parallel = compare_emulated(any_keras, logical_devices[:3], method, name, 61, 20, ratios=[3, 2, 1],
                                         emulate="20000,10000,5000")
     assert report.steps == 8 and report.max_deviation <= 1e-6, report.table()

@@ -27,8 +27,8 @@ class Adapter:
     k: Any = None
     #: 3 or 2
     generation = 0
-    #: Keras 2 divides an activity regulariser by the batch size of the call: a slice's losses
-    #: are means over the slice (weighted by n_i/N); Keras 3's are sums (added up).
+    #: Keras 2 and Keras 3.14+ divide an activity regulariser by the batch size of the call: a
+    #: slice's losses are means over the slice (weighted by n_i/N); earlier Keras 3's are sums.
     call_losses_are_means = False
 
     def __init__(self, k):
@@ -127,8 +127,26 @@ class Adapter:
         raise NotImplementedError
 
     def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
-        """``"name (why)"`` of what this generation cannot train exactly with ``method``."""
-        return []
+        """``"name (why)"`` of what this generation cannot train exactly with ``method``: the
+        BatchNormalization layers it cannot synchronise (``batchnorm_refusal``), and under mirrored
+        any subclass of BatchNormalization (replicas synchronise the Keras class only)."""
+        if not sync_batchnorm:
+            return []
+        found = []
+        for layer in self.sublayers(template):
+            if not self.is_batchnorm(layer):
+                continue
+            if method == "mirrored" and type(layer) is not self.k.layers.BatchNormalization:
+                found.append(f"{layer.name} ({type(layer).__name__}: only {self.k.__name__}.layers."
+                             "BatchNormalization can be synchronised across replicas)")
+            elif why := self.batchnorm_refusal(layer, method):
+                found.append(why)
+        return found
+
+    def unsupported_error(self, template, method: str, refused: list[str]) -> Exception:
+        """The error ``parallelize`` raises for what ``unsupported`` found."""
+        return ValueError(f"method={method!r} cannot train {template.name!r} exactly: {'; '.join(refused)}. "
+                          "Use " + ("method='mirrored', or " if method == "towers" else "") + "sync_batchnorm=False")
 
     def towers_refusal(self, template) -> list[str]:
         """``"name (why)"`` of the layers towers cannot run on devices other than their variables'."""
@@ -138,8 +156,8 @@ class Adapter:
     def is_batchnorm(self, layer) -> bool:
         raise NotImplementedError
 
-    def batchnorm_refusal(self, layer) -> str | None:
-        """Why ``layer`` cannot get whole-batch statistics across towers, or None."""
+    def batchnorm_refusal(self, layer, method: str) -> str | None:
+        """Why ``layer`` cannot get whole-batch statistics under ``method``, or None."""
         return None
 
     def bn_prepare(self, layer, xs: list) -> tuple[list, list[int]]:

@@ -187,27 +187,26 @@ class Keras2Adapter(Adapter):
         return weight._get_on_device_or_primary()
 
     def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
-        if not sync_batchnorm or not any(self.is_batchnorm(layer) for layer in self.sublayers(template)):
-            return []
-        found = []
-        for layer in self.sublayers(template):
-            if not self.is_batchnorm(layer):
-                continue
-            if method == "mirrored" and type(layer) is not self.k.layers.BatchNormalization:
-                found.append(f"{layer.name} ({type(layer).__name__}: only {self.k.__name__}.layers."
-                             "BatchNormalization can be synchronised across replicas)")
-            elif why := self.batchnorm_refusal(layer):
-                found.append(why)
-        if method == "towers" and self.graph_of(template) is None:
+        found = super().unsupported(template, method, sync_batchnorm)
+        if not sync_batchnorm or method != "towers" or self.graph_of(template) is not None:
+            return found
+        if any(self.is_batchnorm(layer) for layer in self.sublayers(template)):
             found.append(f"{template.name} (a subclassed model with BatchNormalization: whole-batch statistics "
                          "need a Functional or Sequential model; or pass sync_batchnorm=False)")
         return found
+
+    def unsupported_error(self, template, method: str, refused: list[str]) -> Exception:
+        from harness.compat import Keras2NotSupported
+
+        return Keras2NotSupported(
+            f"method={method!r} on a Keras 2 model ({type(template).__module__}) cannot train exactly: "
+            + "; ".join(refused) + ". Use a Keras 3 model (import keras, TF >= 2.16), or sync_batchnorm=False")
 
     # -- BatchNormalization -----------------------------------------------------------------------------
     def is_batchnorm(self, layer) -> bool:
         return any(cls.__name__ == "BatchNormalizationBase" for cls in type(layer).__mro__)
 
-    def batchnorm_refusal(self, layer) -> str | None:
+    def batchnorm_refusal(self, layer, method: str) -> str | None:
         for attribute, what in (("renorm", "renorm=True"), ("virtual_batch_size", "virtual_batch_size"),
                                 ("adjustment", "adjustment")):
             if getattr(layer, attribute, None):

@@ -7,6 +7,7 @@ here, checked on Keras 3.0 through 3.15 unless a comment says otherwise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import keras
@@ -75,9 +76,26 @@ def _unscaled_losses():
             _Unscaled.depth -= 1
 
 
+@functools.cache
+def _activity_losses_are_means() -> bool:
+    """Whether this Keras 3 divides an activity regulariser by the batch size of the call.
+
+    Keras 3.0 to 3.13 add it as a sum over the samples; keras-team/keras#22021 (merged January 2026,
+    in 3.14 and 3.15) divides it by the call's batch size, as Keras 2 does. Asked of Keras itself,
+    with a layer that has no weights (nothing created in a strategy's scope), outside any graph.
+    """
+    with tf.init_scope():
+        layer = keras.layers.Identity(activity_regularizer=keras.regularizers.L1(1.0))
+        layer(tf.ones((4, 1)))
+        return float(add_all(list(layer.losses))) == 1.0  # the mean of 4 ones; the sum would be 4
+
+
 class Keras3Adapter(Adapter):
     generation = 3
-    call_losses_are_means = False  # Keras 3 adds activity regularisers as sums over the samples
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.call_losses_are_means = _activity_losses_are_means()
 
     # -- losses ---------------------------------------------------------------------------------------
     def call_losses(self, layer) -> list:
@@ -138,7 +156,8 @@ class Keras3Adapter(Adapter):
         optimizer.apply_gradients(zip(grads, weights))
 
     def build_optimizer(self, optimizer, variables) -> None:
-        optimizer.build(variables)
+        if not optimizer.built:  # LossScaleOptimizer.build would add its variables again
+            optimizer.build(variables)
 
     # -- mirrored -------------------------------------------------------------------------------------
     def _clone(self, template, sync_batchnorm: bool):
@@ -176,8 +195,11 @@ class Keras3Adapter(Adapter):
     def is_batchnorm(self, layer) -> bool:
         return isinstance(layer, keras.layers.BatchNormalization)
 
-    def batchnorm_refusal(self, layer) -> str | None:
-        if getattr(layer, "renorm", False):  # renorm arrived in Keras 3.? as an option
+    def batchnorm_refusal(self, layer, method: str) -> str | None:
+        # renorm=True (checked on Keras 3.15) keeps moving statistics of its own, which the towers'
+        # whole-batch BatchNormalization does not update: 0.14 from one device at 1:3. Mirrored's
+        # SyncBatchNormalization gives its renorm path the whole batch's moments: exact.
+        if method == "towers" and getattr(layer, "renorm", False):
             return f"{layer.name} (BatchNormalization with renorm=True: not synchronised across towers)"
         return None
 

@@ -1,0 +1,61 @@
+"""The tuner's verify step when a probe never reached a device's memory ceiling (no TensorFlow)."""
+
+import pytest
+
+from harness.tuning.probe import DeviceProbe, Point, _OutOfMemory
+from harness.tuning.tuner import _even_solo, _memory_ceilings
+
+
+class _Split:
+    def __init__(self, batches):
+        self.batches = tuple(batches)
+        self.global_batch = sum(batches)
+
+
+def _probe(device: str, ceiling: int, stopped_by: str, max_batch: int, rate: float) -> DeviceProbe:
+    """A probe that stopped growing at ``ceiling``; alone, its device runs out of memory above ``max_batch``."""
+    probe = DeviceProbe(device, ceiling=ceiling, stopped_by=stopped_by)
+    tried = []
+
+    def run(batch: int, max_steps: int, min_seconds: float) -> Point:
+        tried.append(batch)
+        if batch > max_batch:
+            raise _OutOfMemory(f"emulated out of memory on {device}: batch slice of {batch} samples exceeds "
+                               f"its MAXBATCH {max_batch}")
+        return Point(batch, True, batch / rate, 1)
+
+    probe._runner = run
+    probe.tried = tried
+    return probe
+
+
+def test_even_split_beyond_an_unprobed_ceiling_shrinks_to_fit():
+    # Beside two CPU hogs, `harness tune --emulate F:600,S:300` stopped growing the slow device before its
+    # ceiling (step time), so it looked unlimited; the even split of the tuned batch gave it 362 > 300 and
+    # verify crashed with the emulated out-of-memory error instead of measuring an even split that fits.
+    probes = [(_probe("/cpu:0", 600, "oom", 600, 4000.0), None),
+              (_probe("/cpu:1", 150, "step time", 300, 2000.0), None)]
+    split = _Split([480, 244])
+    ceilings = _memory_ceilings(probes, split.global_batch)
+    assert ceilings == [600, 724]  # the slow device looks unlimited: its probe never ran out of memory
+    said = []
+    even, rates = _even_solo(probes, split, ceilings, 0.1, said.append)
+    assert even == (150, 150) and ceilings == [600, 150]
+    assert rates == [pytest.approx(4000.0), pytest.approx(2000.0)]
+    assert probes[1][0].tried == [362, 150]  # it ran out of memory at 362 once, then fitted what it fitted probed
+    assert any("/cpu:1 ran out of memory alone at 362 (it fitted 150 while probed)" in line for line in said)
+
+
+def test_out_of_memory_at_a_batch_the_probe_fitted_is_raised():
+    probes = [(_probe("/cpu:0", 600, "oom", 600, 4000.0), None),
+              (_probe("/cpu:1", 400, "step time", 300, 2000.0), None)]
+    split = _Split([480, 244])
+    with pytest.raises(_OutOfMemory, match="batch slice of 362 samples exceeds its MAXBATCH 300") as caught:
+        _even_solo(probes, split, _memory_ceilings(probes, split.global_batch), 0.1, lambda line: None)
+    assert caught.value.device_index == 1
+
+
+def test_even_split_equal_to_the_tuned_one_is_not_measured_again():
+    probes = [(_probe("/cpu:0", 600, "oom", 600, 4000.0), None), (_probe("/cpu:1", 600, "oom", 600, 4000.0), None)]
+    even, rates = _even_solo(probes, _Split([300, 300]), [600, 600], 0.1, lambda line: None)
+    assert even == (300, 300) and rates is None and probes[0][0].tried == []
