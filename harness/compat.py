@@ -102,8 +102,15 @@ def keras_module_name(model) -> str:
 
 
 def set_random_seed(seed: int) -> None:
-    """Seeds Python, NumPy, TensorFlow and, where installed, Keras 3 (Keras 2 initialisers use TF's seed)."""
+    """Seeds Python, NumPy, TensorFlow, Keras 3 where installed, and every Keras 2 module already imported.
+
+    Keras 2 (tf_keras, or TF 2.15's keras) keeps a seed generator of its own, which its
+    ``utils.set_random_seed`` resets: once any code has called that, seeding TF alone no longer
+    gives the same initial weights (a test that did made ``compare_training(seed=0)`` start from
+    other weights in later tests of the same process).
+    """
     import random
+    import sys
 
     import numpy as np
     import tensorflow as tf
@@ -116,3 +123,7 @@ def set_random_seed(seed: int) -> None:
         import keras as keras3
 
         keras3.utils.set_random_seed(seed)
+    for name in ("tf_keras", "keras"):
+        module = sys.modules.get(name)
+        if module is not None and not str(getattr(module, "__version__", "3")).startswith("3"):
+            module.utils.set_random_seed(seed)

@@ -12,7 +12,8 @@ What each case guarded against (issue 15):
 - Masking -> LSTM(return_sequences) -> Dense: merging slices dropped the output mask; both methods
   drifted 1e-2 and the epoch losses differed.
 - a saturating softmax output: the merged predictions lost the logits Keras computes the
-  cross-entropy from; both methods drifted 1.3.
+  cross-entropy from; both methods drifted 1.3. Its large gradients make float32 rounding exceed
+  1e-6, so the float64 reference judges it (``verdict()``).
 - a subclassed model: mirrored refused to clone it; a weight without gradient crashed mirrored.
 """
 
@@ -112,6 +113,13 @@ def _compare(k, devices, name, method, ratios=(1, 3), **kwargs):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_models_people_train_are_exact(logical_devices, any_keras, name, method):
+    if name == "softmax":
+        # Inputs of 30 sigma make large gradients: rounding alone moves the weights by up to 4.9e-6
+        # (seed 3; the float64 run puts one device 2.4e-6 and the parallel model 3.6e-6 from it), so
+        # the float64 reference judges. The lost logits this case guards against drifted 1.3.
+        report = _compare(any_keras, logical_devices, name, method, reference="float64")
+        assert report.verdict() != "FAIL", f"{name}, {method}: {report.verdict()}\n{report.table()}"
+        return
     report = _compare(any_keras, logical_devices, name, method)
     assert report.is_equivalent(1e-6), f"{name}, {method}:\n{report.table()}"
 
