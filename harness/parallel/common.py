@@ -35,7 +35,6 @@ class ParallelCommon:
     train_function: Any
     test_function: Any
     predict_function: Any
-    make_train_function: Any
 
     def _init_common(self, devices, ratios, merge_device: str, emulator=None) -> None:
         """Sets devices, ratios, the split variable, the emulator and the (empty) rebalancer."""
@@ -138,6 +137,21 @@ class ParallelCommon:
                 "read variables placed on other devices; use jit_compile=False (what 'auto' means here)"
             )
         super().compile(*args, jit_compile=False, **kwargs)
+
+    # -- one trace per step function ----------------------------------------------------------
+    # Variables created while a tf.function traces make TF trace it again: built here, before
+    # the first trace, Keras' lazily built optimizer slots and (Keras 3) compiled metrics and
+    # losses no longer double the tracing time, the larger part of a short fit's time.
+    def make_train_function(self, force=False):
+        if self.optimizer is not None:
+            with self._cross_replica():
+                self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
+        return super().make_train_function(force)
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras 3 calls this from fit/evaluate/train_on_batch; without a distribution strategy
+        # of its own (ours are inside the step) it would leave the building to the first trace.
+        self._adapter.symbolic_build(self, iterator, data_batch)
 
     # -- training keeps the template current; ratios="auto" adds its rebalancer ------------
     def fit(self, *args, **kwargs):

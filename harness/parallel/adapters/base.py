@@ -97,7 +97,14 @@ class Adapter:
         raise NotImplementedError
 
     def build_optimizer(self, optimizer, variables) -> None:
+        """Creates the optimizer's slots for ``variables`` now (a no-op once built)."""
         raise NotImplementedError
+
+    def symbolic_build(self, model, iterator=None, data_batch=None) -> None:
+        """Builds the compiled metrics and losses of ``model`` from the first batch, outside any trace.
+
+        Keras 3 only; Keras 2 builds them without creating variables in the trace.
+        """
 
     # -- mirrored --------------------------------------------------------------------------------
     def clone(self, template, strategy, sync_batchnorm: bool):

@@ -159,6 +159,17 @@ class Keras3Adapter(Adapter):
         if not optimizer.built:  # LossScaleOptimizer.build would add its variables again
             optimizer.build(variables)
 
+    def symbolic_build(self, model, iterator=None, data_batch=None) -> None:
+        # Keras' TF trainer (3.0-3.15) does this in _maybe_symbolic_build only under a
+        # distribution strategy of the model's own; the iterator is reset by fit after it.
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = next(batches)
+                break
+        if data_batch is not None:
+            with model.distribute_strategy.scope():
+                model._symbolic_build(data_batch=data_batch)
+
     # -- mirrored -------------------------------------------------------------------------------------
     def _clone(self, template, sync_batchnorm: bool):
         # Nested models are cloned too (recursive), so their variables are mirrored as well;
