@@ -17,13 +17,15 @@ with ``Keras2NotSupported``, naming it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
 __all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
-           "keras_module_of", "keras_module_name", "set_random_seed"]
+           "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs"]
 
 
 class Keras2NotSupported(RuntimeError):
@@ -127,3 +129,28 @@ def set_random_seed(seed: int) -> None:
         module = sys.modules.get(name)
         if module is not None and not str(getattr(module, "__version__", "3")).startswith("3"):
             module.utils.set_random_seed(seed)
+
+
+@contextlib.contextmanager
+def releasing_traced_graphs() -> Iterator[None]:
+    """Lets the graphs traced inside the block be freed once nothing else holds them.
+
+    Every ``tf.custom_gradient`` called while a graph is traced registers its gradient function in
+    TensorFlow's global gradient registry, under a new ``CustomGradient-<uid>`` name, for the life
+    of the process. Keras' optimizers all-reduce the gradients through one in every traced train
+    step (``ReplicaContext.all_reduce``, TF 2.12-2.21, also without a strategy), and the function
+    holds the step's gradient tensors, so each traced step's whole graph stays in memory: about
+    0.5 GB per zoo model in a process that trains many models (issue 15). Names registered inside
+    the block are removed at its end; the models trained there are not differentiated through
+    again. A TensorFlow without that registry is left alone.
+    """
+    from tensorflow.python.framework import ops  # TF's private registry: checked on TF 2.15 and 2.21
+
+    registry = getattr(getattr(ops, "_gradient_registry", None), "_registry", None)
+    before = set(registry) if isinstance(registry, dict) else None
+    try:
+        yield
+    finally:
+        if before is not None and isinstance(registry, dict):
+            for name in [n for n in registry if n not in before and n.startswith("CustomGradient-")]:
+                del registry[name]

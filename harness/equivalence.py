@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from harness.compat import releasing_traced_graphs
+
 __all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "relative_deviation", "REFERENCES", "VERDICTS"]
 
 REFERENCES = ("float64",)  # the accepted values of ``reference`` besides None
@@ -258,6 +260,7 @@ def _jit_argument(jit_compile, keras) -> dict:
     return {"jit_compile": jit_compile}
 
 
+@releasing_traced_graphs()  # a CI suite compares many models in one process
 def compare_training(
     build_model: Callable[[], object],
     x,

@@ -139,14 +139,16 @@ class ParallelCommon:
         super().compile(*args, jit_compile=False, **kwargs)
 
     # -- one trace per step function ----------------------------------------------------------
-    # Variables created while a tf.function traces make TF trace it again: built here, before
-    # the first trace, Keras' lazily built optimizer slots and (Keras 3) compiled metrics and
-    # losses no longer double the tracing time, the larger part of a short fit's time.
+    # Variables created while a tf.function traces make TF trace it again. Built before the
+    # first trace, Keras' lazily built optimizer slots and compiled metrics (and Keras 3's
+    # compiled losses) no longer double the tracing time, the larger part of a short fit's time.
     def make_train_function(self, force=False):
         if self.optimizer is not None:
             with self._cross_replica():
                 self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
-        return super().make_train_function(force)
+        super().make_train_function(force)  # sets train_function (Keras 3 returns nothing)
+        self.train_function = self._adapter.first_call_builds(self, self.train_function)
+        return self.train_function
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3 calls this from fit/evaluate/train_on_batch; without a distribution strategy

@@ -215,3 +215,34 @@ def test_the_seed_alone_fixes_the_start_whatever_seeded_keras_before(any_keras):
     k.utils.set_random_seed(7)
     k.layers.Dense(5)(np.zeros((1, 2), "float32"))
     np.testing.assert_array_equal(start(), first)
+
+
+def test_compared_models_leave_no_graph_behind(logical_devices, any_keras):
+    """Keras' optimizers register a ``tf.custom_gradient`` in TF's global registry in every traced train
+    step, holding the step's graph for the life of the process (0.5 GB per zoo model). A plain ``fit``
+    leaves such names behind; ``compare_training`` (its single, parallel and float64 runs) does not."""
+    from tensorflow.python.framework import ops
+
+    from harness.compat import releasing_traced_graphs
+
+    k = any_keras
+    x, y, _ = small.make_data("dense", 24)
+
+    def names():
+        return {n for n in ops._gradient_registry._registry if n.startswith("CustomGradient-")}
+
+    def plain_fit():
+        model = small.build("dense", keras=k)
+        model.compile(optimizer=_momentum_sgd(k)(), loss=small.loss(k))
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+    before = names()
+    plain_fit()
+    assert names() - before, "a traced Keras train step no longer registers a custom gradient: drop the release"
+    before = names()
+    with releasing_traced_graphs():
+        plain_fit()
+    harness.compare_training(lambda: small.build("dense", keras=k), x, y, devices=logical_devices[:2], ratios=[1, 2],
+                             method="mirrored", batch_size=8, epochs=1, optimizer=_momentum_sgd(k), loss=small.loss(k),
+                             reference="float64")
+    assert names() == before

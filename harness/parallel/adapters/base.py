@@ -100,6 +100,10 @@ class Adapter:
         """Creates the optimizer's slots for ``variables`` now (a no-op once built)."""
         raise NotImplementedError
 
+    def first_call_builds(self, model, train_function):
+        """``train_function``, or one that first builds what Keras would build in its first trace."""
+        return train_function
+
     def symbolic_build(self, model, iterator=None, data_batch=None) -> None:
         """Builds the compiled metrics and losses of ``model`` from the first batch, outside any trace.
 

@@ -122,15 +122,37 @@ class Keras2Adapter(Adapter):
     def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
         model.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra])
 
-    def prepare_compiled(self, model, core) -> None:
-        # Built outside the replicas: building creates its loss metrics. A subclassed model has no
-        # symbolic output: the container is built from the structure of one output on a tiny batch.
+    def first_call_builds(self, model, train_function):
+        # tf_keras (2.13-2.21, TF 2.15's keras) builds the compiled metrics in the first trace; the
+        # metric variables created there make TF trace the step twice (a stock tf_keras fit does
+        # too). Built before that trace, from the iterator's element spec and the model's output
+        # shapes (all that building reads), the step is traced once.
+        metrics = model.compiled_metrics
+        if metrics is None or metrics._built:
+            return train_function
+
+        def first_call(iterator):
+            model.train_function = train_function
+            spec = getattr(iterator, "element_spec", None)
+            if spec is not None and not metrics._built:
+                _, y, _ = self.k.utils.unpack_x_y_sample_weight(spec)
+                y_pred = self._output_of(model.core)
+                metrics.build(y_pred, metrics._conform_to_outputs(y_pred, y))
+            return train_function(iterator)
+
+        return first_call
+
+    def _output_of(self, core):
+        """The model's outputs: symbolic for a graph model; a subclassed one has none, so its output on a
+        batch of one zero sample (from its saved input spec)."""
         if self.graph_of(core) is not None or isinstance(core, self.k.Sequential):
-            model.compiled_loss.build(core.output)
-            return
+            return core.output
         args, kwargs = core.save_spec(dynamic_batch=True)
-        model.compiled_loss.build(core(*tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), args),
-                                       **kwargs))
+        return core(*tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), args), **kwargs)
+
+    def prepare_compiled(self, model, core) -> None:
+        # Built outside the replicas: building creates its loss metrics.
+        model.compiled_loss.build(self._output_of(core))
 
     # -- optimizers -----------------------------------------------------------------------------------
     def _loss_scaling(self, optimizer) -> bool:
