@@ -107,7 +107,8 @@ class Adapter:
     def symbolic_build(self, model, iterator=None, data_batch=None) -> None:
         """Builds the compiled metrics and losses of ``model`` from the first batch, outside any trace.
 
-        Keras 3 only; Keras 2 builds them without creating variables in the trace.
+        Keras 3 calls it from ``fit``, ``evaluate`` and ``train_on_batch``; Keras 2 has
+        ``first_call_builds``.
         """
 
     # -- mirrored --------------------------------------------------------------------------------

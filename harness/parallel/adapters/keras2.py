@@ -134,8 +134,10 @@ class Keras2Adapter(Adapter):
         def first_call(iterator):
             model.train_function = train_function
             spec = getattr(iterator, "element_spec", None)
-            if spec is not None and not metrics._built:
-                _, y, _ = self.k.utils.unpack_x_y_sample_weight(spec)
+            y = self.k.utils.unpack_x_y_sample_weight(spec)[1] if isinstance(spec, tuple) else None
+            # Dense targets only (their shapes are all building reads); else Keras builds in the trace.
+            if y is not None and not metrics._built and all(
+                    type(s) is tf.TensorSpec for s in tf.nest.flatten(y)):
                 y_pred = self._output_of(model.core)
                 metrics.build(y_pred, metrics._conform_to_outputs(y_pred, y))
             return train_function(iterator)

@@ -166,9 +166,10 @@ class Keras3Adapter(Adapter):
             for _, _, batches in iterator:
                 data_batch = next(batches)
                 break
-        if data_batch is not None:
+        build = getattr(model, "_symbolic_build", None)
+        if data_batch is not None and build is not None:
             with model.distribute_strategy.scope():
-                model._symbolic_build(data_batch=data_batch)
+                build(data_batch=data_batch)
 
     # -- mirrored -------------------------------------------------------------------------------------
     def _clone(self, template, sync_batchnorm: bool):
