@@ -198,7 +198,7 @@ def test_auto_ratios_are_exact(logical_devices, any_keras, method):
     assert report.steps == 24 and len(report.ratios) == 2
 
 
-def test_the_seed_alone_fixes_the_start_whatever_seeded_keras_before(any_keras):
+def test_the_seed_alone_fixes_the_start_whatever_seeded_keras_before(logical_devices, any_keras):
     """``compare_training(seed=...)`` seeds through ``harness.compat.set_random_seed``. Keras 2 keeps a
     seed generator of its own: after a caller's ``utils.set_random_seed``, seeding TF alone built other
     initial weights (a later conformance test started from them and ended 3.9e-6 off, rounding judged
