@@ -329,7 +329,11 @@ def compare_training(
     single_runs: a dict, empty at first, passed again to calls that train the same model on the same
             data with the same options and differ only in ``devices``, ``ratios`` or ``method`` (the
             zoo's cases of one model): the single-device runs (float32, and float64 with
-            ``reference``) are trained by the first call, kept in it and reused by the others.
+            ``reference``) are trained by the first call, kept in it and reused by the others. So is
+            the parallel model of each method and device list (not a ``method`` callable's): built,
+            compiled and traced by the first call for those devices, then restored to the initial
+            weights and optimizer state and split by ``set_ratios``, which needs no retrace (the
+            parallel float64 model too).
         skip_float64_parallel_within: with ``reference``, a tolerance: where the float32 runs already
             agree within it (``is_equivalent``), the parallel float64 run is skipped
             (``reference_exact`` stays None; ``verdict`` at that tolerance is "exact" without it).
@@ -362,25 +366,25 @@ def compare_training(
 
     kept = single_runs if single_runs is not None else {}
     set_random_seed(seed)
-    single: Any = build_model()  # Keras models: TensorFlow and Keras are untyped
-    keras = keras_module_of(single)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
-    initial_weights = kept.setdefault("initial", single.get_weights())
-    template: Any = build_model()
+    single: Any = None if "single" in kept else build_model()  # Keras models: TensorFlow and Keras are untyped
+    # A parallel model of harness's own, kept by an earlier call for these devices: reused, its trace too.
+    reuse_key = None if callable(method) else ("parallel", method, tuple(devices), bool(sync_batchnorm))
+    reused: _Traced | None = kept.pop(reuse_key, None)
+    template: Any = build_model() if reused is None else reused.template
+    initial_weights = kept.setdefault("initial", (template if single is None else single).get_weights())
     template.set_weights(initial_weights)
+    keras = keras_module_of(template)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
     wrap = method if callable(method) else (  # a user's own wrapper: (template, devices, ratios) -> model
         lambda t, d, r: parallelize(t, d, ratios=r, method=method, sync_batchnorm=sync_batchnorm))
-    parallel: Any = wrap(template, devices, ratios)
+    parallel: Any = wrap(template, devices, ratios) if reused is None else reused.restored(initial_weights, ratios)
     method = getattr(method, "__name__", "custom") if callable(method) else method
-    keras2 = is_keras2_model(single)
-    # Built (and checked) before any training, so that a model that cannot be float64 fails at once;
-    # the parallel model in float64 too: where float32 rounding hides a difference, float64's does not.
-    float64 = template64 = parallel64 = None
-    if reference is not None:
-        if "float64" not in kept:
-            float64 = _build_float64(build_model, initial_weights, keras, keras2)
-        template64 = _build_float64(build_model, initial_weights, keras, keras2)
-        with _float64_policy(keras, keras2):
-            parallel64 = wrap(template64, devices, ratios)
+    keras2 = is_keras2_model(template)
+    # Built (and checked) before any training, so that a model that cannot be float64 fails at once.
+    # The parallel model in float64 (where float32 rounding hides a difference, float64's does not)
+    # only where it is trained.
+    float64 = None
+    if reference is not None and "float64" not in kept:
+        float64 = _build_float64(build_model, initial_weights, keras, keras2)
 
     fit_args = dict(
         batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
@@ -392,10 +396,16 @@ def compare_training(
         return model
 
     if "single" not in kept:
-        history = compiled(single).fit(x, y, **fit_args).history
+        history = _slots_built(compiled(single)).fit(x, y, **fit_args).history
         kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
     one = kept["single"]
-    histories = [one.history, compiled(parallel).fit(x, y, callbacks=callbacks, **fit_args).history]
+    if reused is None:
+        compiled(parallel)
+        if reuse_key is not None and single_runs is not None:
+            reused = _Traced.of(template, parallel)
+    histories = [one.history, parallel.fit(x, y, callbacks=callbacks, **fit_args).history]
+    if reused is not None:
+        kept[reuse_key] = reused  # trained to the end: the next call for these devices may reuse it
 
     diffs = _diff_variables(one.weights, template.weights, "")
     diffs += _diff_variables(one.optimizer, parallel.optimizer.variables, "optimizer/")
@@ -415,15 +425,32 @@ def compare_training(
     )
     if reference is None:
         return report
-    training = dict(keras=keras, keras2=keras2, optimizer=optimizer, loss=loss, loss_weights=loss_weights,
-                    metrics=metrics, fit_args=fit_args, jit_compile=jit_compile)
+    in_float64 = dict(keras=keras, keras2=keras2)
+    compile64 = dict(in_float64, optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics,
+                     jit_compile=jit_compile)
     if "float64" not in kept:
-        history64 = {"loss": list(_fit_float64(float64, x, y, **training))}
+        _compile_float64(float64, **compile64, slots_first=True)
+        history64 = {"loss": list(_fit_float64(float64, x, y, **in_float64, fit_args=fit_args))}
         kept["float64"] = _Run(_keep(float64.weights), _keep(float64.optimizer.variables), history64)
     exact = kept["float64"]
     reference_exact = None
     if skip_float64_parallel_within is None or not report.is_equivalent(skip_float64_parallel_within):
-        _fit_float64(parallel64, x, y, **training, callbacks=callbacks)
+        key64 = None if reuse_key is None else ("float64", *reuse_key[1:])
+        traced64: _Traced | None = kept.pop(key64, None)
+        if traced64 is None:
+            template64 = _build_float64(build_model, initial_weights, keras, keras2)
+            with _float64_policy(keras, keras2):
+                parallel64 = wrap(template64, devices, ratios)
+            _compile_float64(parallel64, **compile64)
+            if key64 is not None and single_runs is not None:
+                with _float64_policy(keras, keras2):
+                    traced64 = _Traced.of(template64, parallel64)
+        else:
+            template64 = traced64.template
+            parallel64 = traced64.restored(_float64_weights(initial_weights), ratios)
+        _fit_float64(parallel64, x, y, **in_float64, fit_args=fit_args, callbacks=callbacks)
+        if traced64 is not None:
+            kept[key64] = traced64
         exact64 = _diff_variables(exact.weights, template64.weights, "")
         exact64 += _diff_variables(exact.optimizer, parallel64.optimizer.variables, "optimizer/")
         reference_exact = _max_deviation(exact64)
@@ -441,6 +468,42 @@ def compare_training(
         reference_diffs_parallel=tuple(against_parallel), loss_reference=tuple(exact.history["loss"]),
         reference_exact=reference_exact,
     )
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """A compiled parallel model of harness's own, kept for other splits over the same devices.
+
+    Its step function is traced once: a later comparison restores the initial weights and the
+    optimizer's initial state (every variable it tracks, loss scales included, from a checkpoint
+    written before its first step) and sets the split with ``set_ratios``, which needs no
+    retrace (what ``harness.Rebalance`` does between steps).
+    """
+
+    template: Any
+    parallel: Any
+    checkpoint: Any  # tf.train.Checkpoint of the optimizer
+    path: str  # where its initial state was written
+    directory: Any  # the TemporaryDirectory holding it (removed with this object)
+
+    @classmethod
+    def of(cls, template, parallel) -> _Traced:
+        import tempfile
+
+        import tensorflow as tf
+
+        parallel.build_optimizer()
+        directory = tempfile.TemporaryDirectory(prefix="harness-optimizer-")
+        checkpoint = tf.train.Checkpoint(optimizer=parallel.optimizer)
+        return cls(template, parallel, checkpoint, checkpoint.write(f"{directory.name}/initial"), directory)
+
+    def restored(self, initial_weights, ratios):
+        """The parallel model with the initial weights and optimizer state, split by ``ratios``."""
+        self.parallel.set_weights(initial_weights)
+        self.parallel.sync_to_template()
+        self.checkpoint.read(self.path).assert_existing_objects_matched()
+        self.parallel.set_ratios([1] * len(self.parallel.devices) if ratios is None else ratios)
+        return self.parallel
 
 
 @dataclass(frozen=True)
@@ -625,22 +688,43 @@ def _build_float64(build_model, initial_weights, keras, keras2: bool):
             f"build_model() built a float64 model whose weights differ from the float32 model's: "
             f"{[np.shape(w) for w in weights]} vs {[np.shape(w) for w in initial_weights]}"
         )
-    model.set_weights([np.asarray(w).astype(np.float64) if _dtype_name(np.asarray(w).dtype) in _LOW_FLOATS
-                       else w for w in initial_weights])
+    model.set_weights(_float64_weights(initial_weights))
     return model
 
 
-def _fit_float64(model, x, y, *, keras, keras2: bool, optimizer, loss, loss_weights, metrics, fit_args: dict,
-                 jit_compile, callbacks=None) -> tuple[float, ...]:
-    """Trains the float64 reference on one device with the float32 runs' batches; returns its loss per epoch.
+def _float64_weights(weights) -> list:
+    """``weights`` with the float16/bfloat16/float32 arrays cast to float64."""
+    return [np.asarray(w).astype(np.float64) if _dtype_name(np.asarray(w).dtype) in _LOW_FLOATS else w
+            for w in weights]
 
-    Compiled and trained under the float64 policy: Keras 3 fixes the dtype of
-    losses and of the optimizer's learning rate when it makes them.
-    """
+
+def _slots_built(model):
+    """``model`` with its optimizer's slots created: the arithmetic of a stock ``fit`` is the same, its tracing
+    half. tf_keras creates them in the first trace of the train step, and the variables created there make
+    TF trace it again (Keras 3 builds them before; a no-op there)."""
+    from harness.parallel.adapters import adapter_for
+
+    adapter_for(model).build_optimizer(model.optimizer, model.trainable_variables)
+    return model
+
+
+def _compile_float64(model, *, keras, keras2: bool, optimizer, loss, loss_weights, metrics, jit_compile,
+                     slots_first: bool = False) -> None:
+    """Compiles a float64 model under the float64 policy: Keras 3 fixes the dtype of losses and of the
+    optimizer's learning rate when it makes them. ``slots_first``: a single-device model's optimizer
+    slots built now (a parallel model builds them itself)."""
     with _float64_policy(keras, keras2):
         model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=_float64_loss(loss, keras, keras2),
                       loss_weights=loss_weights, metrics=_fresh_metrics(metrics, keras),
                       **_jit_argument(jit_compile, keras))
+        if slots_first:
+            _slots_built(model)
+
+
+def _fit_float64(model, x, y, *, keras, keras2: bool, fit_args: dict, callbacks=None) -> tuple[float, ...]:
+    """Trains a compiled float64 model with the float32 runs' batches, under the float64 policy; returns
+    its loss per epoch."""
+    with _float64_policy(keras, keras2):
         # fit_args: the float32 runs' batch size, epochs (no shuffling), sample and class weights
         history = model.fit(_as_float64(x), _as_float64(y), callbacks=callbacks,
                             **{**fit_args, "sample_weight": _as_float64(fit_args["sample_weight"])})

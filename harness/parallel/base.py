@@ -42,6 +42,7 @@ class ParallelModel(ParallelCommon):
 
     method: Method
     _adapter: Any = None  # the Adapter of the model's Keras: set on each concrete class
+    optimizer: Any  # Keras sets it in compile
 
     def __init__(self, template, devices: list[str], ratios: tuple[float, ...], sync_batchnorm: bool,
                  merge_device: str, emulator=None):
@@ -134,15 +135,24 @@ class ParallelModel(ParallelCommon):
             self._adapter.report_loss(self, y, y_pred, sample_weight, extra, slicing.batch_size_of(x))
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
-    def _by_batch_size(self, x, parallel, single):
+    def _by_batch_size(self, x, parallel, single, small_possible: bool = True):
         """``parallel()`` unless the batch is smaller than the device count, then ``single()``.
 
         A batch smaller than the device count leaves some device an empty slice,
         and TF kernels mishandle empty batches (CPU Conv2D returns a wrongly
         shaped tensor, its gradient then fails). Such a batch runs on the merge
         device alone: the single-device step itself, so exact by definition.
+        ``small_possible=False`` (a fit whose batches are all large enough):
+        ``parallel()`` alone, after asserting that the batch is.
         """
         if len(self.devices) == 1:
+            return parallel()
+        if not small_possible:
+            n = slicing.batch_size_of(x)
+            tf.debugging.assert_greater_equal(
+                n, len(self.devices), message=(
+                    f"harness traced this fit's train step without the single-device path for batches smaller "
+                    f"than the device count ({len(self.devices)}): fit's arrays had none, yet one arrived"))
             return parallel()
 
         def carrying(branch):  # tf.cond returns new tensors: the masks and logits go through it too
@@ -154,6 +164,11 @@ class ParallelModel(ParallelCommon):
         y_pred, extras, *rest = tf.cond(slicing.batch_size_of(x) >= len(self.devices), carrying(parallel),
                                         carrying(single))
         return (self._attach(y_pred, extras), *rest)
+
+    def build_optimizer(self) -> None:
+        """Creates the compiled optimizer's variables (its slots) for the trained weights now, as ``fit`` does."""
+        with self._cross_replica():
+            self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
 
     # -- the single-device step (batches smaller than the device count) -----------------
     def _cross_replica(self):
@@ -190,7 +205,8 @@ class ParallelModel(ParallelCommon):
     def train_step(self, data):
         x, y, sample_weight = self._adapter.k.utils.unpack_x_y_sample_weight(data)
         y_pred, extra = self._by_batch_size(
-            x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight)
+            x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight),
+            small_possible=self._small_batches_possible,
         )
         return self._report(x, y, y_pred, sample_weight, extra)
 

@@ -13,13 +13,42 @@ import tensorflow as tf
 
 from harness.split import shares
 
-__all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures", "restore_static_shape"]
+__all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures", "restore_static_shape",
+           "smallest_fit_batch"]
+
+KERAS_DEFAULT_BATCH = 32  # what fit takes for arrays without batch_size (Keras 3 and tf_keras)
 
 
 def batch_size_of(x) -> tf.Tensor:
     """The dynamic batch size (int32 scalar) of the first tensor in ``x``."""
     first = next(t for t in tf.nest.flatten(x) if t is not None)
     return tf.shape(first, out_type=tf.int32)[0]
+
+
+def smallest_fit_batch(x, batch_size=None, validation_split=0.0, steps_per_epoch=None) -> int | None:
+    """The smallest training batch ``fit(x, batch_size=..., validation_split=...)`` will cut, or None.
+
+    None where it cannot be known before the fit: ``x`` is not arrays (a dataset, a generator, a
+    ``PyDataset``, ragged or sparse tensors) or ``steps_per_epoch`` is set. With arrays of ``n``
+    samples, fit trains on the first ``floor(n * (1 - validation_split))`` (Keras 3 and tf_keras
+    both) in batches of ``batch_size`` and one partial batch of the rest; the neighbours of that
+    count are taken too, so that a rounding difference between versions cannot hide a smaller batch.
+    """
+    import numpy as np
+
+    leaves = tf.nest.flatten(x)
+    if steps_per_epoch is not None or not leaves or not all(
+            type(leaf) is np.ndarray or isinstance(leaf, tf.Tensor) for leaf in leaves):
+        return None
+    shape = tuple(leaves[0].shape)
+    if not shape or shape[0] is None:
+        return None
+    n = int(shape[0])
+    size = KERAS_DEFAULT_BATCH if batch_size is None else int(batch_size)
+    split = float(validation_split or 0.0)
+    counts = {n} if not split else {int(np.floor(n * (1.0 - split))) + d for d in (-1, 0, 1)}
+    batches = [c % size or size for c in counts if c > 0]
+    return min(batches) if batches else None
 
 
 def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float] | tf.Variable) -> tf.Tensor:

@@ -102,10 +102,11 @@ def run_zoo(
     devices = _devices(devices, needed)
     cases = [(e, m, s) for e in entries for m in methods for s in splits]
     rows = []
-    single_runs: dict[str, dict] = {}  # per model: its single-device runs, trained once for all its cases
+    kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
     for done, (entry, method, split) in enumerate(cases, 1):
-        row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
-                       single_runs=single_runs.setdefault(entry.name, {}))
+        if done > 1 and entry is not cases[done - 2][0]:
+            kept = {}  # the next model: the last one's models go
+        row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol, single_runs=kept)
         rows.append(row)
         if progress is not None:
             progress(row, done, len(cases))
@@ -126,7 +127,8 @@ def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: S
     """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises.
 
     ``single_runs``: a dict shared by the cases of one model (``compare_training``'s): its
-    single-device runs are trained by the first case and reused by the others.
+    single-device runs are trained by the first case and reused by the others, and so is the
+    parallel model of each method and device count (``set_ratios`` between splits: no retrace).
     """
     start = time.perf_counter()
     try:

@@ -246,3 +246,54 @@ def test_compared_models_leave_no_graph_behind(logical_devices, any_keras):
                              method="mirrored", batch_size=8, epochs=1, optimizer=_momentum_sgd(k), loss=small.loss(k),
                              reference="float64")
     assert names() == before
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_cases_of_one_model_share_its_traced_parallel_model(logical_devices, any_keras, method, monkeypatch):
+    """``compare_training(single_runs=...)`` keeps the parallel model of each method and device list: the
+    next split over the same devices restores the initial weights and optimizer state and calls
+    ``set_ratios``, with no retrace. Without the optimizer's restore the reused run drifts."""
+    from harness.equivalence import _Traced
+
+    k = any_keras
+    x, y, _ = small.make_data("cnn_bn", 45)
+    kwargs = dict(devices=logical_devices[:2], method=method, batch_size=10, epochs=2, optimizer=_momentum_sgd(k),
+                  loss=small.loss(k))
+    kept: dict = {}
+
+    def compared(ratios):
+        return harness.compare_training(lambda: small.build("cnn_bn", keras=k), x, y, ratios=ratios,
+                                        single_runs=kept, **kwargs)
+
+    assert compared([1, 1]).max_deviation <= 1e-6
+    (traced,) = [value for key, value in kept.items() if isinstance(key, tuple)]
+    function = traced.parallel.train_function
+    report = compared([3, 2])
+    assert report.ratios == (3.0, 2.0) and report.max_deviation <= 1e-6, report.worst(5)
+    assert traced.parallel.train_function is function  # the same traced step
+
+    assert compared([2, 3]).max_deviation <= 1e-6
+
+    def without_optimizer(self, weights, ratios):
+        self.parallel.set_weights(weights)
+        self.parallel.sync_to_template()
+        self.parallel.set_ratios(ratios)
+        return self.parallel
+
+    monkeypatch.setattr(_Traced, "restored", without_optimizer)
+    assert compared([2, 3]).max_deviation > 1e-4  # the momentum of the last run carried over
+
+
+def test_the_parallel_float64_model_is_shared_too(logical_devices, any_keras):
+    """With ``reference="float64"`` the parallel model in float64 is kept and restored like the float32 one:
+    the reused run still equals one device in float64."""
+    k = any_keras
+    x, y, _ = small.make_data("dense", 45)
+    kept: dict = {}
+    for ratios in ([1, 1], [3, 2], [1, 4]):
+        report = harness.compare_training(
+            lambda: small.build("dense", keras=k), x, y, devices=logical_devices[:2], ratios=ratios, method="towers",
+            batch_size=10, epochs=2, optimizer=_momentum_sgd(k), loss=small.loss(k), reference="float64",
+            single_runs=kept)
+        assert report.verdict() == "exact" and report.reference_exact <= 1e-9, (ratios, report.summary())
+    assert sorted(key[0] for key in kept if isinstance(key, tuple)) == ["float64", "parallel"]

@@ -66,3 +66,74 @@ def test_batchnorm_moving_statistics_stay_finite_over_hundreds_of_uneven_steps(l
     assert report.steps == 300
     assert all(np.isfinite(report.loss_parallel)) and all(np.isfinite(report.loss_single))
     assert report.max_deviation <= 1e-4, report.worst(5)
+
+
+# -- the single-device path only where a batch can be smaller than the device count -------------
+
+@pytest.mark.parametrize(("samples", "batch_size", "validation_split", "smallest"), [
+    (45, 10, 0.0, 5), (40, 10, 0.0, 10), (7, None, 0.0, 7), (100, None, 0.0, 4), (3, 10, 0.0, 3),
+    # 50 samples, 0.2 held out: 40 train at batch 10, or 39/41 where a Keras rounds otherwise
+    (50, 10, 0.2, 1),
+])
+def test_the_smallest_batch_of_a_fit_on_arrays(samples, batch_size, validation_split, smallest):
+    from harness.parallel.slicing import smallest_fit_batch
+
+    x = np.zeros((samples, 3), "float32")
+    assert smallest_fit_batch(x, batch_size, validation_split) == smallest
+    assert smallest_fit_batch({"a": x, "b": x[:, :1]}, batch_size, validation_split) == smallest
+    assert smallest_fit_batch([x, x], batch_size, validation_split) == smallest
+
+
+def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays():
+    import tensorflow as tf
+
+    from harness.parallel.slicing import smallest_fit_batch
+
+    x = np.zeros((45, 3), "float32")
+    assert smallest_fit_batch(tf.constant(x), 10) == 5
+    assert smallest_fit_batch(tf.data.Dataset.from_tensor_slices(x).batch(10), 10) is None
+    assert smallest_fit_batch(x, 10, steps_per_epoch=3) is None
+    assert smallest_fit_batch([[1.0, 2.0], [3.0, 4.0]], 10) is None  # Python lists: left to Keras
+    assert smallest_fit_batch(None, 10) is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logical_devices, any_keras, method):
+    # A fit whose batches all fill the devices traces its step without the single-device branch;
+    # a later train_on_batch of one sample gets it back, and stays exact.
+    k = any_keras
+    x, y, _ = small.make_data("dense", 46)
+    reference = small.build("dense", keras=k)
+    template = small.build("dense", keras=k)
+    template.set_weights(reference.get_weights())
+    parallel = harness.parallelize(template, logical_devices[:2], ratios=[3, 2], method=method)
+    traced = []
+    single_train = parallel._single_train
+    parallel._single_train = lambda *args: traced.append(1) or single_train(*args)
+    for model in (reference, parallel):
+        model.compile(optimizer=k.optimizers.SGD(0.05), loss=small.loss(k))
+
+    def trained(steps):
+        for model in (reference, parallel):
+            steps(model)
+        parallel.sync_to_template()
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.get_weights(), template.get_weights()))
+
+    assert trained(lambda m: m.fit(x[:45], y[:45], batch_size=10, shuffle=False, verbose=0)) <= 1e-6
+    assert traced == []  # 45 at batch 10: a last batch of 5, on 2 devices
+    assert trained(lambda m: m.train_on_batch(x[45:], y[45:])) <= 1e-6
+    assert traced, "a batch of one sample on two devices needs the single-device step"
+    assert trained(lambda m: m.fit(x[:41], y[:41], batch_size=10, shuffle=False, verbose=0)) <= 1e-6
+
+
+def test_a_small_batch_where_fit_promised_none_is_an_error_not_drift(logical_devices, any_keras):
+    # The guard of the branch-free step: were a fit's batch sizes mispredicted, the step stops.
+    k = any_keras
+    x, y, _ = small.make_data("dense", 1)
+    parallel = harness.parallelize(small.build("dense", keras=k), logical_devices[:2], method="towers")
+    parallel.compile(optimizer="sgd", loss=small.loss(k))
+    before = parallel.template.get_weights()
+    parallel._small_batches_possible = False  # what fit sets when its arrays promise no small batch
+    with pytest.raises(Exception, match=r"without the single-device path .* device count \(2\)"):
+        parallel.train_on_batch(x, y)
+    assert all(np.array_equal(a, b) for a, b in zip(before, parallel.template.get_weights()))
