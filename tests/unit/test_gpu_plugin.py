@@ -285,7 +285,9 @@ def test_the_real_layout_where_the_driver_shows_a_gpu_tensorflow_cannot_use(tmp_
             "sys.exit(pytest.main(['-p', 'no:cacheprovider', '-p', 'no:xdist', '-q', 'test_real.py']))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"})
-    assert "2 passed, 1 error" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    # "2 passed, 1 warning, 1 error" where harness is installed (tox): imported here before pytest.main,
+    # its plugin module cannot be assertion-rewritten, and pytest warns so
+    assert re.search(r"\b2 passed, (\d+ warnings?, )?1 error\b", done.stdout), done.stdout[-3000:] + done.stderr[-3000:]
     assert ("gpu_devices: no GPU device: the driver shows 1 GPU(s) but TensorFlow sees none (tensorflow-cpu, "
             "or TensorFlow without its CUDA libraries?)") in done.stdout
 
