@@ -367,16 +367,21 @@ def compare_training(
     kept = single_runs if single_runs is not None else {}
     set_random_seed(seed)
     single: Any = None if "single" in kept else build_model()  # Keras models: TensorFlow and Keras are untyped
-    # A parallel model of harness's own, kept by an earlier call for these devices: reused, its trace too.
-    reuse_key = None if callable(method) else ("parallel", method, tuple(devices), bool(sync_batchnorm))
-    reused: _Traced | None = kept.pop(reuse_key, None)
-    template: Any = build_model() if reused is None else reused.template
-    initial_weights = kept.setdefault("initial", (template if single is None else single).get_weights())
-    template.set_weights(initial_weights)
-    keras = keras_module_of(template)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
+    initial_weights = kept["initial"] if single is None else kept.setdefault("initial", single.get_weights())
+    # A parallel model of harness's own is kept for later calls over these devices (its trace too).
+    shared = None if callable(method) or single_runs is None else (method, tuple(devices), bool(sync_batchnorm))
     wrap = method if callable(method) else (  # a user's own wrapper: (template, devices, ratios) -> model
         lambda t, d, r: parallelize(t, d, ratios=r, method=method, sync_batchnorm=sync_batchnorm))
-    parallel: Any = wrap(template, devices, ratios) if reused is None else reused.restored(initial_weights, ratios)
+
+    def made():
+        template = build_model()
+        template.set_weights(initial_weights)
+        return template, wrap(template, devices, ratios)
+
+    key = shared and ("parallel", *shared)
+    traced = _Traced.take(kept, key, initial_weights, ratios)
+    template, parallel = made() if traced is None else (traced.template, traced.parallel)
+    keras = keras_module_of(template)  # Keras 3, or Keras 2 (tf_keras / TF <= 2.15)
     method = getattr(method, "__name__", "custom") if callable(method) else method
     keras2 = is_keras2_model(template)
     # Built (and checked) before any training, so that a model that cannot be float64 fails at once.
@@ -399,13 +404,10 @@ def compare_training(
         history = _slots_built(compiled(single)).fit(x, y, **fit_args).history
         kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
     one = kept["single"]
-    if reused is None:
-        compiled(parallel)
-        if reuse_key is not None and single_runs is not None:
-            reused = _Traced.of(template, parallel)
+    if traced is None:
+        traced = _Traced.of(template, compiled(parallel), shared)
     histories = [one.history, parallel.fit(x, y, callbacks=callbacks, **fit_args).history]
-    if reused is not None:
-        kept[reuse_key] = reused  # trained to the end: the next call for these devices may reuse it
+    traced.keep(kept, key)  # trained to the end: reusable
 
     diffs = _diff_variables(one.weights, template.weights, "")
     diffs += _diff_variables(one.optimizer, parallel.optimizer.variables, "optimizer/")
@@ -435,22 +437,17 @@ def compare_training(
     exact = kept["float64"]
     reference_exact = None
     if skip_float64_parallel_within is None or not report.is_equivalent(skip_float64_parallel_within):
-        key64 = None if reuse_key is None else ("float64", *reuse_key[1:])
-        traced64: _Traced | None = kept.pop(key64, None)
+        key64 = shared and ("float64", *shared)
+        traced64 = _Traced.take(kept, key64, _float64_weights(initial_weights), ratios)
         if traced64 is None:
-            template64 = _build_float64(build_model, initial_weights, keras, keras2)
             with _float64_policy(keras, keras2):
+                template64 = _build_float64(build_model, initial_weights, keras, keras2)
                 parallel64 = wrap(template64, devices, ratios)
-            _compile_float64(parallel64, **compile64)
-            if key64 is not None and single_runs is not None:
-                with _float64_policy(keras, keras2):
-                    traced64 = _Traced.of(template64, parallel64)
-        else:
-            template64 = traced64.template
-            parallel64 = traced64.restored(_float64_weights(initial_weights), ratios)
+                _compile_float64(parallel64, **compile64)
+                traced64 = _Traced.of(template64, parallel64, shared)
+        template64, parallel64 = traced64.template, traced64.parallel
         _fit_float64(parallel64, x, y, **in_float64, fit_args=fit_args, callbacks=callbacks)
-        if traced64 is not None:
-            kept[key64] = traced64
+        traced64.keep(kept, key64)
         exact64 = _diff_variables(exact.weights, template64.weights, "")
         exact64 += _diff_variables(exact.optimizer, parallel64.optimizer.variables, "optimizer/")
         reference_exact = _max_deviation(exact64)
@@ -472,7 +469,7 @@ def compare_training(
 
 @dataclass(frozen=True)
 class _Traced:
-    """A compiled parallel model of harness's own, kept for other splits over the same devices.
+    """A compiled parallel model (and its template), kept where it may serve other splits over the same devices.
 
     Its step function is traced once: a later comparison restores the initial weights and the
     optimizer's initial state (every variable it tracks, loss scales included, from a checkpoint
@@ -482,12 +479,15 @@ class _Traced:
 
     template: Any
     parallel: Any
-    checkpoint: Any  # tf.train.Checkpoint of the optimizer
-    path: str  # where its initial state was written
-    directory: Any  # the TemporaryDirectory holding it (removed with this object)
+    checkpoint: Any = None  # tf.train.Checkpoint of the optimizer; None: not kept for reuse
+    path: str = ""  # where its initial state was written
+    directory: Any = None  # the TemporaryDirectory holding it (removed with this object)
 
     @classmethod
-    def of(cls, template, parallel) -> _Traced:
+    def of(cls, template, parallel, shared) -> _Traced:
+        """``parallel`` (compiled, not trained yet), with its optimizer's initial state saved where ``shared``."""
+        if not shared:
+            return cls(template, parallel)
         import tempfile
 
         import tensorflow as tf
@@ -496,6 +496,18 @@ class _Traced:
         directory = tempfile.TemporaryDirectory(prefix="harness-optimizer-")
         checkpoint = tf.train.Checkpoint(optimizer=parallel.optimizer)
         return cls(template, parallel, checkpoint, checkpoint.write(f"{directory.name}/initial"), directory)
+
+    @staticmethod
+    def take(kept: dict, key, initial_weights, ratios) -> _Traced | None:
+        """The one ``kept`` under ``key`` (removed until kept again), restored and split by ``ratios``; or None."""
+        traced = kept.pop(key, None) if key else None
+        if traced is not None:
+            traced.restored(initial_weights, ratios)
+        return traced
+
+    def keep(self, kept: dict, key) -> None:
+        if key and self.checkpoint is not None:
+            kept[key] = self
 
     def restored(self, initial_weights, ratios):
         """The parallel model with the initial weights and optimizer state, split by ``ratios``."""

@@ -144,7 +144,7 @@ class ParallelCommon:
     # compiled losses) no longer double the tracing time, the larger part of a short fit's time.
     def make_train_function(self, force=False):
         small = self._small_batches_possible
-        if self.train_function is not None and getattr(self, "_traced_small", small) != small:
+        if self.train_function is not None and self._traced_small not in (None, small):
             force = True  # traced for other batches: with the single-device path, or without it
         self._traced_small = small
         if self.optimizer is not None:
@@ -165,6 +165,7 @@ class ParallelCommon:
     # train step is traced without the branch (and asserts so at run time). Anywhere else
     # (train_on_batch, datasets, generators) the branch is there.
     _small_batches_possible = True  # read when the train step is traced
+    _traced_small: bool | None = None  # what the current train_function was traced for
 
     def _fit_may_see_small_batches(self, args, kwargs) -> bool:
         import inspect

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from harness.split import shares
@@ -34,8 +35,6 @@ def smallest_fit_batch(x, batch_size=None, validation_split=0.0, steps_per_epoch
     both) in batches of ``batch_size`` and one partial batch of the rest; the neighbours of that
     count are taken too, so that a rounding difference between versions cannot hide a smaller batch.
     """
-    import numpy as np
-
     leaves = tf.nest.flatten(x)
     if steps_per_epoch is not None or not leaves or not all(
             type(leaf) is np.ndarray or isinstance(leaf, tf.Tensor) for leaf in leaves):

@@ -100,16 +100,17 @@ def run_zoo(
     k = keras_module(keras)
     needed = max((len(SPLITS[s]) for s in splits), default=1)
     devices = _devices(devices, needed)
-    cases = [(e, m, s) for e in entries for m in methods for s in splits]
-    rows = []
-    kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
-    for done, (entry, method, split) in enumerate(cases, 1):
-        if done > 1 and entry is not cases[done - 2][0]:
-            kept = {}  # the next model: the last one's models go
-        row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol, single_runs=kept)
-        rows.append(row)
-        if progress is not None:
-            progress(row, done, len(cases))
+    total = len(entries) * len(methods) * len(splits)
+    rows: list[ZooRow] = []
+    for entry in entries:
+        kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
+        for method in methods:
+            for split in splits:
+                row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
+                               single_runs=kept)
+                rows.append(row)
+                if progress is not None:
+                    progress(row, len(rows), total)
     return rows
 
 
