@@ -21,13 +21,18 @@ __all__ = ["strategy_for", "replica_device", "sum_replicas", "whole_batch", "glo
 AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 
 
-class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
-    """A MirroredStrategy whose collective group keys no other strategy in this process uses.
+# Stock strategies start their collective group keys at 1 (MirroredStrategy and
+# MultiWorkerMirroredStrategy: ``_collective_key_base = 0``) and count up by one per
+# device set they use. Collective groups and instances are process-wide: two
+# strategies that share a group key abort each other ("Shape mismatch in the
+# collective instance 100", or "joining a group with size 2, but that group has
+# size 3"). harness' strategies take keys from far above any stock strategy's.
+HARNESS_KEY_BASE = 1 << 28  # group keys are int32; stock ones stay in the low hundreds
+KEYS_PER_STRATEGY = 1 << 16
 
-    Every MirroredStrategy starts its collective keys at 1, so two strategies
-    over different device sets in one process join the same collective group
-    and abort ("joining a group with size 2, but that group has size 3").
-    """
+
+class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
+    """A MirroredStrategy whose collective group keys no other strategy in this process uses."""
 
     def __init__(self, devices, key_base: int):
         self._collective_key_base = key_base
@@ -37,7 +42,8 @@ class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
 @functools.cache
 def strategy_for(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
     """One strategy per device set and process (collective groups are process-wide), Keras 3 and 2 alike."""
-    return _KeyedMirroredStrategy(list(devices), key_base=100_000 * strategy_for.cache_info().currsize)
+    index = strategy_for.cache_info().currsize
+    return _KeyedMirroredStrategy(list(devices), key_base=HARNESS_KEY_BASE + KEYS_PER_STRATEGY * index)
 
 
 def replica_device(devices, ctx) -> str:

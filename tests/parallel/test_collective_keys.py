@@ -1,0 +1,73 @@
+"""A stock ``MirroredStrategy`` and harness' mirrored models train in one process, in either order.
+
+Every stock strategy starts its collective group keys at 1; harness' did too
+for its first device set, so whichever trained second aborted with "Shape
+mismatch in the collective instance 100" (issue 16). The bad case is
+reproduced by giving harness' strategy the stock key base: the same script then
+fails.
+"""
+
+import importlib.util
+
+import pytest
+from tf_process import ENV
+
+_SCRIPT = """
+import sys
+import harness
+devices = harness.use_logical_devices(3)
+import numpy as np, tensorflow as tf
+from harness.parallel import collective
+if sys.argv[3] == "stock-keys":  # the bad case: harness' strategies keyed as a stock one is
+    collective.HARNESS_KEY_BASE = 0
+k = __import__("tf_keras" if sys.argv[1] == "keras2" else "keras")
+x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
+y = x[:, :2] * 2
+stock_strategy = tf.distribute.MirroredStrategy(devices[:2])
+
+def build():
+    k.utils.set_random_seed(0)
+    return k.Sequential([k.Input((5,)), k.layers.Dense(8, activation="relu"), k.layers.Dense(2)])
+
+def stock():
+    with stock_strategy.scope():
+        model = build()
+        model.compile(optimizer="sgd", loss="mse")
+    return model.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
+
+def ours(count):
+    parallel = harness.parallelize(build(), devices[:count], method="mirrored", ratios=list(range(1, count + 1)))
+    parallel.compile(optimizer="sgd", loss="mse")
+    return parallel.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
+
+runs = [stock, lambda: ours(2), lambda: ours(3)]
+if sys.argv[2] == "ours-first":
+    runs = runs[1:] + runs[:1]
+losses = [run() for run in runs + runs]
+print("losses", losses)
+assert all(np.isfinite(losses)), losses
+"""
+
+
+def _run(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", _SCRIPT, *args], capture_output=True, text=True, timeout=600,
+                          env=ENV)
+
+
+@pytest.mark.parametrize("order", ["stock-first", "ours-first"])
+@pytest.mark.parametrize("generation", ["keras3", "keras2"])
+def test_stock_and_harness_strategies_train_in_one_process(generation, order):
+    if generation == "keras2" and importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("no tf_keras here")
+    done = _run(generation, order, "harness-keys")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "losses" in done.stdout
+
+
+def test_the_same_script_fails_with_stock_keys():
+    done = _run("keras3", "stock-first", "stock-keys")
+    assert done.returncode != 0
+    assert "collective" in done.stderr.lower()
