@@ -36,7 +36,7 @@ __all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combina
            "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
-METHODS = ("single", "towers", "mirrored")
+METHODS = ("single", "towers", "mirrored", "keras")  # keras: the stock baseline (harness.runner.RunMethod)
 SPLITS = ("even", "ratio", "tuned")
 TUNED_MARGIN = 0.05  # the share of each memory ceiling the tuned split leaves free, as `harness tune`
 
@@ -153,11 +153,19 @@ def current_grid() -> BenchGrid:
 
 
 def check_combination(method: str, split: str, count: int) -> None:
-    """Raises ``NotImplementedError`` for a combination that means nothing (asv skips it)."""
+    """Raises ``NotImplementedError`` for a combination that means nothing or repeats another (asv skips it).
+
+    harness' parallel methods on one device are the ``single`` combination (the
+    same one-device step); the stock ``keras`` baseline splits evenly only.
+    """
     if method == "single" and count != 1:
         raise NotImplementedError(f"method 'single' runs on one device; got devices={count}")
     if split != "even" and count == 1:
         raise NotImplementedError(f"one device has only the even split; got split={split!r}")
+    if method in ("towers", "mirrored") and count == 1:
+        raise NotImplementedError(f"method {method!r} on one device is the 'single' combination; got devices=1")
+    if method == "keras" and split != "even":
+        raise NotImplementedError(f"method 'keras' (stock MirroredStrategy) splits evenly; got split={split!r}")
 
 
 _LAYOUT: list[str] = []  # this process's devices, created once (TensorFlow fixes them per process)

@@ -19,6 +19,10 @@ from . import common
 GRID = common.current_grid()
 PARAMS = [list(GRID.workloads), list(common.METHODS), list(common.SPLITS), list(GRID.device_counts)]
 PARAM_NAMES = ["workload", "method", "split", "devices"]
+# The step timings and memory peaks follow the samples/s track closely: on the ci grid they keep its
+# widest case (the even split of the most devices, and one device), one TensorFlow process each.
+STEP_PARAMS = PARAMS if GRID.emulate is None else [
+    list(GRID.workloads), list(common.METHODS), ["even"], sorted({1, max(GRID.device_counts)})]
 
 
 class _Combinations:
@@ -51,7 +55,9 @@ class Throughput(_Combinations):
 
 
 class TrainStep(_Combinations):
-    """Wall time of one training step on a prepared batch."""
+    """Wall time of one training step on a prepared batch (ci grid: even split, one and all devices)."""
+
+    params = STEP_PARAMS
 
     number = 1  # a call is a whole step (tens of ms to seconds): time each one
     repeat = GRID.repeat
@@ -76,7 +82,7 @@ class HostMemory(_Combinations):
     TensorFlow itself accounts for most of it (~600 MB on CPU).
     """
 
-    params = [list(GRID.workloads), list(common.METHODS), list(GRID.device_counts)]
+    params = [list(GRID.workloads), list(common.METHODS), STEP_PARAMS[3]]
     param_names = ["workload", "method", "devices"]
 
     def setup(self, profiles, workload, method, devices):
@@ -89,6 +95,9 @@ class HostMemory(_Combinations):
 
 class GpuMemory(_Combinations):
     """Peak GPU memory during one training step (weights included) on the first device used (full grid only)."""
+
+    # Emulated grids have no GPU memory: one combination says so, instead of a process per combination.
+    params = PARAMS if GRID.emulate is None else [list(GRID.workloads), ["single"], ["even"], [1]]
 
     def setup(self, profiles, workload, method, split, devices):
         if GRID.emulate is not None:
@@ -105,3 +114,39 @@ class GpuMemory(_Combinations):
         return tf.config.experimental.get_memory_info(self.device)["peak"]
 
     track_peak_gpu_memory_bytes.unit = "bytes"
+
+
+class VersusStock:
+    """harness over the stock baseline on the same devices and even split, both run in one process.
+
+    ``single`` over plain Keras on one device (the wrapper's overhead); ``towers``
+    and ``mirrored`` over Keras ``fit`` under a stock MirroredStrategy (what the
+    exact step costs or gains). Measured back to back, so a slower or busier
+    machine moves both figures and not their ratio. On the ci grid both run on
+    the emulated devices (``harness.stock``): what remains is each side's work
+    outside the devices.
+    """
+
+    params = [list(GRID.workloads), ["single", "towers", "mirrored"], STEP_PARAMS[3]]
+    param_names = ["workload", "method", "devices"]
+    timeout = GRID.timeout
+    setup_cache = staticmethod(common.setup_profiles)
+
+    def setup(self, profiles, workload, method, devices):
+        self.ours = common.run_config(GRID, profiles, workload, method, "even", devices)
+        self.stock = common.run_config(GRID, profiles, workload, "keras", "even", devices)
+
+    def track_ratio_to_stock(self, profiles, workload, method, devices):
+        from harness.runner import host_bound, run_one
+
+        figures = []
+        for config in (self.ours, self.stock):
+            result = run_one(config)
+            what = f"{config.method} with batches {list(config.batches)}"
+            if result["status"] != "complete":
+                raise RuntimeError(f"{what}: {result['status']}: {result['error']}")
+            common.refuse_host_bound(host_bound(result), what)
+            figures.append(result["summary"]["samples_per_second"]["median"])
+        return figures[0] / figures[1]
+
+    track_ratio_to_stock.unit = "harness/stock"

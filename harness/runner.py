@@ -30,9 +30,15 @@ SOURCES = {
 class RunMethod(str, Enum):
     """How one run spreads its batch."""
 
-    SINGLE = "single"
+    SINGLE = "single"  # harness' model on one device
     TOWERS = "towers"
     MIRRORED = "mirrored"
+    KERAS = "keras"  # the stock baseline: Keras fit alone on one device, or under a MirroredStrategy (even split)
+
+
+#: the methods a parallel run can use (several devices), and the stock baseline beside them
+PARALLEL_METHODS = (RunMethod.TOWERS.value, RunMethod.MIRRORED.value)
+METHODS = tuple(m.value for m in RunMethod)
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,8 @@ class RunConfig:
 
         workloads.get(self.model)
         workloads.check_size(self.size)
-        if self.method not in {m.value for m in RunMethod}:
-            raise ValueError(f"unknown method {self.method!r}; choose from single, towers, mirrored")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if not self.devices:
             raise ValueError("a run needs at least one device")
         if self.method == RunMethod.SINGLE and len(self.devices) != 1:
@@ -109,6 +115,16 @@ class RunConfig:
                 f"--emulate entries"
             )
         self._validate_rebalance()
+        self._validate_stock()
+
+    def _validate_stock(self) -> None:
+        if self.method != RunMethod.KERAS:
+            return
+        if len(set(self.batches)) > 1:
+            even = sum(self.batches) // len(self.batches)
+            raise ValueError(
+                f"method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
+                f"{list(self.batches)}: use {len(self.batches)} equal batches such as {[even] * len(self.batches)}")
 
     def _validate_rebalance(self) -> None:
         every = self.rebalance_every
@@ -116,8 +132,9 @@ class RunConfig:
             if isinstance(every, bool) or not isinstance(every, int) or every < 1:
                 raise ValueError(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
                                  f"{every!r}")
-            if self.method == RunMethod.SINGLE:
-                raise ValueError("rebalance_every needs a parallel method (towers or mirrored); got method 'single'")
+            if self.method not in PARALLEL_METHODS:
+                raise ValueError(f"rebalance_every needs a parallel method (towers or mirrored); got method "
+                                 f"{self.method!r}")
         for entry in self.throttle:
             check_throttle(entry, len(self.devices))
             if self.emulate is None:
@@ -182,6 +199,7 @@ def run_one(
 
     workload = workloads.get(config.model)
     model = build_model(config, workload)
+    emulator = getattr(model, "emulator", None)  # a stock Keras model (method 'keras') has none
     dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
                                     input_delay_ms=config.input_delay_ms)
     result = {"config": config.to_json(), "status": "running", "windows": [], "summary": None, "input": None,
@@ -192,7 +210,7 @@ def run_one(
         result["rebalance"] = history
 
     def finished(window):
-        record = _window_record(window, config, model.emulator, telemetry, _current_batches(config, model))
+        record = _window_record(window, config, emulator, telemetry, _current_batches(config, model))
         if history is not None:
             seen = sum(len(w["resplits"]) for w in result["windows"])
             record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
@@ -203,7 +221,9 @@ def run_one(
     callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
                                warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
     try:
-        model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback], shuffle=False)
+        with _placement(config):
+            model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback],
+                      shuffle=False)
     except tf.errors.ResourceExhaustedError as err:
         result.update(status="oom", error=_oom_line(err))
         return result
@@ -227,12 +247,35 @@ def build_model(config: RunConfig, workload=None):
     from harness.parallel import parallelize
 
     workload = workloads.get(config.model) if workload is None else workload
+    if config.method == RunMethod.KERAS:
+        return _stock_model(config, workload)
     template = workload.build(config.size, seed=config.seed)
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices), ratios=list(config.batches), method=method,
                         emulate=config.emulate)
     model.compile(optimizer=workload.optimizer(), loss=workload.loss())
     return model
+
+
+def _placement(config: RunConfig):
+    """Where a stock model on one device runs its step (Keras places it itself otherwise)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    if config.method == RunMethod.KERAS and len(config.devices) == 1:
+        return tf.device(config.devices[0])
+    return contextlib.nullcontext()
+
+
+def _stock_model(config: RunConfig, workload):
+    """The stock baseline (``harness.stock``): the workload's model as Keras trains it, no harness in its step."""
+    from harness.parallel import _emulator
+    from harness.stock import stock_model
+
+    return stock_model(lambda: workload.build(config.size, seed=config.seed),
+                       lambda model: model.compile(optimizer=workload.optimizer(), loss=workload.loss()),
+                       config.devices, _emulator(config.emulate, list(config.devices)))
 
 
 def _extra_callbacks(config: RunConfig, model) -> list:

@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=["towers", "mirrored"],
                    help="parallel methods to compare (default both)")
     p.add_argument("--no-tune", action="store_true", help="leave out the tuned split (saves the profiling time)")
+    p.add_argument("--no-stock", action="store_true",
+                   help="leave out the stock Keras rows (plain Keras on the first device, Keras fit under a stock "
+                        "MirroredStrategy on the even split); they need real or logical devices, not --emulate")
     p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
     p.set_defaults(run=run)
 
@@ -97,9 +100,17 @@ def run(args) -> int:
         out.save()
         return result
 
+    stock = not args.no_stock
+
     def work():
-        total = n + (2 if args.no_tune else 3) * len(args.methods)
+        total = n + (2 if args.no_tune else 3) * len(args.methods) + (3 if stock and n > 1 else 2 * stock)
         solo = [measure(label, config, total) for label, config in singles]
+        if stock:  # the whole batch on the first device: harness' single-device wrapper, then plain Keras
+            first = singles[0][1]
+            whole = dict(common, emulate=first.emulate)
+            name = _short(first.devices[0])
+            measure(f"{name} whole", RunConfig(args.model, size, "single", first.devices, (batch,), **whole), total)
+            measure(f"{name} keras", RunConfig(args.model, size, "keras", first.devices, (batch,), **whole), total)
         ratios, source = _ratio_split(args, solo)
         out.record["ratio_source"] = source
         splits = [("even", split_batch(batch, [1.0] * n)), ("ratio", split_batch(batch, ratios))]
@@ -110,6 +121,9 @@ def run(args) -> int:
                 continue
             used = [i for i, b in enumerate(split) if b > 0]  # the tuned split may leave a slow device out
             emulate = None if setup.emulate is None else tuple(setup.emulate[i] for i in used)
+            if stock and name == "even" and n > 1:
+                measure("even keras", RunConfig(args.model, size, "keras", setup.devices, tuple(split),
+                                                emulate=setup.emulate, **common), total)
             for method in args.methods:
                 config = RunConfig(args.model, size, method if len(used) > 1 else "single",
                                    tuple(setup.devices[i] for i in used), tuple(split[i] for i in used),
@@ -117,6 +131,7 @@ def run(args) -> int:
                 measure(f"{name} {method}", config, total)
 
     out.guard(work)
+    out.record["versus_stock"] = versus_stock(rows)
     out.finish(status="complete")
     table = comparison_table(rows)
     plot = _plot(args, out, rows, setup)
@@ -126,6 +141,8 @@ def run(args) -> int:
     else:
         print("\n" + table)
         print(f"ratio split from {out.record['ratio_source']}")
+        for entry in out.record["versus_stock"]:
+            print(f"{entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x")
         if plot is not None:
             print(f"chart: {plot}")
     _warn_host_bound(rows)
@@ -214,6 +231,27 @@ def comparison_table(rows: list[dict]) -> str:
                       " ".join(f"{100 * b:.0f}%" for b in busy if b is not None) or "-",
                       _status(row)])
     return format_table(table, ["configuration", "batches", "samples/s", "spread", "vs best", "busy", "status"])
+
+
+def versus_stock(rows: list[dict]) -> list[dict]:
+    """harness' rows over the stock Keras rows, measured in this run (rows that did not complete left out).
+
+    - the single-device wrapper over plain Keras, the whole batch on the same device (its overhead);
+    - each even split over Keras ``fit`` under a stock MirroredStrategy (the same split: what harness'
+      exact step costs or gains), and over plain Keras on one device.
+    """
+    by_label = {row["label"]: _median(row) for row in rows}
+    one = next((row["label"] for row in rows if row["config"]["method"] == "keras"
+                and len(row["config"]["devices"]) == 1), None)
+    pairs = []
+    for row in rows:
+        label, method = row["label"], row["config"]["method"]
+        if method == "single" and label.endswith(" whole") and one is not None:
+            pairs.append((label, one))
+        elif method != "keras" and label.startswith("even "):
+            pairs += [(label, "even keras"), (label, one)]
+    return [{"row": row, "baseline": base, "ratio": by_label[row] / by_label[base]}
+            for row, base in pairs if base is not None and by_label.get(row) and by_label.get(base)]
 
 
 def _status(row: dict) -> str:

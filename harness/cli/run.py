@@ -11,6 +11,7 @@ Examples:
     harness run                                   # seed 000's emulated GPUs without a GPU
     harness run --gpus 0 1 --batches 820 568      # the seed's best split on real GPUs
     harness run --emulate 1345,875 --ratios 3 2 --batch 1000 --method mirrored
+    harness run --logical-cpus 2 --batch 512 --method keras   # stock Keras fit under MirroredStrategy
     harness run --emulate 1000,1000 --batch 200 --rebalance 10 --throttle 1:400@40 --windows 6
                                                   # device 1 throttles at step 40; the split follows it
 """
@@ -24,6 +25,7 @@ import re
 import sys
 
 from harness.cli import options
+from harness.runner import METHODS
 
 __all__ = ["add_parser", "run"]
 
@@ -32,8 +34,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("run", help="samples/s of one workload on your devices, per window",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_common(p, seconds=5.0, windows=3)
-    p.add_argument("--method", choices=["single", "towers", "mirrored"],
-                   help="default: towers on several devices, single on one")
+    p.add_argument("--method", choices=METHODS,
+                   help="default: towers on several devices, single on one; keras: the stock baseline (Keras fit "
+                        "alone, or under a stock MirroredStrategy with an even split; not on emulated devices)")
     p.add_argument("--batches", nargs="+", type=int, metavar="B", help="per-device batch sizes, e.g. 820 568")
     p.add_argument("--ratios", nargs="+", type=float, metavar="R", help="split ratios, with --batch (default even)")
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")

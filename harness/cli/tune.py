@@ -150,7 +150,7 @@ def summary_text(result: dict) -> str:
 
     choice, verify = result["choice"], result["verify"]
     rows = []
-    for name in ("tuned", "even"):
+    for name in ("tuned", "even", "keras"):  # keras: the stock baseline on the even split
         v = verify.get(name)
         if v is None:
             continue

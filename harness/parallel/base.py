@@ -125,14 +125,21 @@ class ParallelModel(ParallelCommon):
         return add_all(self._adapter.weight_penalties(self.core))
 
     def _whole_batch_loss(self, y, y_pred, sample_weight, extra):
-        """Compiled loss + call-time losses + weight penalties, as Keras' ``compute_loss`` on one device."""
+        """``(compiled, total)``: the compiled loss (0 without one) and compiled + call-time losses + weight
+        penalties, as Keras' ``compute_loss`` on one device."""
         with tf.device(self.merge_device):
-            return add_all([self._adapter.loss(self, y, y_pred, sample_weight), extra])
+            compiled = add_all([self._adapter.loss(self, y, y_pred, sample_weight)])
+            return compiled, add_all([compiled, extra])
 
-    def _report(self, x, y, y_pred, sample_weight, extra):
-        """Updates the loss metrics and compiled metrics once, on the whole batch."""
+    def _report(self, x, y, y_pred, sample_weight, extra, compiled=None):
+        """Updates the loss metrics and compiled metrics once, on the whole batch.
+
+        ``compiled``: the whole batch's compiled loss where the step computed it
+        (the loss metrics then need no second computation where Keras keeps no
+        per-output loss metric).
+        """
         with tf.device(self.merge_device):
-            self._adapter.report_loss(self, y, y_pred, sample_weight, extra, slicing.batch_size_of(x))
+            self._adapter.report_loss(self, y, y_pred, sample_weight, extra, slicing.batch_size_of(x), compiled)
             return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def _by_batch_size(self, x, parallel, single, small_possible: bool = True):
@@ -180,18 +187,18 @@ class ParallelModel(ParallelCommon):
             return y_pred, self._call_losses(self.core)
 
     def _single_train(self, x, y, sample_weight):
-        """``(y_pred, extra)``: one training step of the whole batch on the merge device."""
+        """``(y_pred, extra, compiled)``: one training step of the whole batch on the merge device."""
         with self._cross_replica():
             with tf.GradientTape() as tape:
                 y_pred, extra = self._single_forward(x, training=True)
                 extra = extra + self._penalties()
-                loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
+                compiled, loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
                 scaled = self._adapter.scale_loss(self.optimizer, loss)
             weights = self.core.trainable_weights
             with tf.device(self.merge_device):
                 grads = tape.gradient(scaled, self._local_variables(weights))
             self._apply_whole_gradients(grads, weights)
-        return y_pred, extra
+        return y_pred, extra, compiled
 
     def _local_variables(self, weights):
         """What a forward pass on the merge device read: the variables themselves here."""
@@ -204,11 +211,11 @@ class ParallelModel(ParallelCommon):
     # -- the Keras steps ----------------------------------------------------------
     def train_step(self, data):
         x, y, sample_weight = self._adapter.k.utils.unpack_x_y_sample_weight(data)
-        y_pred, extra = self._by_batch_size(
+        y_pred, extra, compiled = self._by_batch_size(
             x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight),
             small_possible=self._small_batches_possible,
         )
-        return self._report(x, y, y_pred, sample_weight, extra)
+        return self._report(x, y, y_pred, sample_weight, extra, compiled)
 
     def _forward(self, x):
         return self._by_batch_size(
@@ -225,8 +232,8 @@ class ParallelModel(ParallelCommon):
         return self._forward(x)[0]
 
     def _parallel_train(self, x, y, sample_weight):
-        """One training step over all devices; returns ``(y_pred, extra)``: the merged predictions and the
-        call-time losses and weight penalties of the whole batch, before the update."""
+        """One training step over all devices; returns ``(y_pred, extra, compiled)``: the merged predictions,
+        the call-time losses and weight penalties and the compiled loss of the whole batch, before the update."""
         raise NotImplementedError
 
     def _parallel_forward(self, x):

@@ -2,13 +2,21 @@
 
 Keras ``fit`` under a strategy scales every replica's mean loss by
 ``1/num_replicas`` whatever its sample count, so uneven splits train a
-different model. Here each replica gathers the whole batch's predictions
-(its own slice live, the others' without gradient; masks and logits too) and
-computes the whole batch's loss: the gradient each replica sends to the
-all-reduce is exactly its slice's share of the single-device gradient, for any
-split, masks, sample and class weights, loss weights and multi-output models.
-The loss metrics and compiled metrics are updated once per step, outside the
-replicas, on the whole batch.
+different model. Here each replica's loss is exactly its slice's share of the
+whole batch's, so the gradient each replica sends to the all-reduce is its
+slice's share of the single-device gradient, for any split:
+
+- where the compiled loss decomposes over samples (Keras built-in losses with
+  the ``sum_over_batch_size`` reduction, no mask on the outputs:
+  ``Adapter.loss_gather_reason``), a replica computes Keras' own loss on its
+  own rows (their targets and sample weights) times n_i/N;
+- elsewhere (custom losses, masks, other reductions) a replica gathers the whole
+  batch's predictions (its own slice live, the others' without gradient; masks
+  and logits too) and computes the whole batch's loss.
+
+``gather_reason`` says which (None: no gather). The loss metrics and compiled
+metrics are updated once per step, outside the replicas, on the whole batch
+(the replicas' predictions joined on the merge device).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import functools
 
 import tensorflow as tf
 
+from harness.parallel import slicing
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
 from harness.parallel.sparse import reduce_sparse_in_replica
@@ -51,6 +60,8 @@ class Mirrored(ParallelModel):
         super().__init__(template, devices, ratios, sync_batchnorm, merge_device, emulator)
         self.strategy = strategy_for(self.devices)
         self._core_model = self._adapter.clone(template, self.strategy, self.sync_batchnorm)
+        self.gather_reason: str | None = "not compiled"
+
 
     # -- weights -----------------------------------------------------------------
     def sync_to_template(self) -> None:
@@ -77,6 +88,7 @@ class Mirrored(ParallelModel):
         with self.strategy.scope():
             self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
         self._adapter.prepare_compiled(self, self.core)
+        self.gather_reason = self._adapter.loss_gather_reason(self)
 
     # -- steps -------------------------------------------------------------------------
     def _cross_replica(self):
@@ -119,21 +131,45 @@ class Mirrored(ParallelModel):
         y_pred = tf.nest.map_structure(lambda t: whole_batch(ctx, t, start, n), y_local)
         return self._attach(y_pred, gathered)
 
+    def _local_loss_reason(self, y, y_local) -> str | None:
+        """Why this step's loss needs the whole batch's predictions (``gather_reason``), None if it does not."""
+        reason = self._adapter.loss_gather_reason(self)
+        if reason is None and y is None:
+            reason = "no targets"
+        if reason is None and any(self._adapter.get_mask(t) is not None for t in tf.nest.flatten(y_local)):
+            reason = "an output carries a Keras mask (its loss divides by the whole batch's unmasked count)"
+        self.gather_reason = reason
+        return reason
+
     def _parallel_train(self, x, y, sample_weight):
         n, starts, shares, x_parts = self._distribute(x)
+        with tf.device(self.input_device):
+            sizes = slicing.split_sizes(n, self._shares_ref.value)
+            count = len(self.devices)
+            y_parts, weight_parts = (slicing.split_structure(v, sizes, count) for v in (y, sample_weight))
         replicas = float(self.strategy.num_replicas_in_sync)
         a = self._adapter
 
         def replica_step(x_local):
             ctx = tf.distribute.get_replica_context()
             replica = ctx.replica_id_in_sync_group
+            index = int(tf.get_static_value(replica))
             device = replica_device(self.devices, ctx)
             x_local, token = self._begin_device(device, x_local)
             with tf.GradientTape() as tape:
                 y_local = self.core(x_local, training=True)
-                extra = self._call_losses(self.core, tf.gather(shares, replica))
-                y_pred = self._gather(ctx, y_local, tf.gather(starts, replica), n)
-                main = add_all([a.loss(self, y, y_pred, sample_weight)])
+                share = tf.gather(shares, replica)
+                extra = self._call_losses(self.core, share)
+                if self._local_loss_reason(y, y_local) is None:
+                    # Keras' loss on this slice's rows is a mean over n_i samples: times n_i/N, its share,
+                    # computed in the loss' own dtype (a float32 n_i/N would round a float64 model's gradients).
+                    y_pred = y_local
+                    local = a.loss(self, y_parts[index], y_local, weight_parts[index])
+                    rows = tf.cast(tf.gather(sizes, replica), local.dtype)
+                    main = add_all([local * (rows / tf.cast(n, local.dtype))])
+                else:
+                    y_pred = self._gather(ctx, y_local, tf.gather(starts, replica), n)
+                    main = add_all([a.loss(self, y, y_pred, sample_weight)])
                 # Weight penalties are the same on every replica; their gradients are summed R times.
                 penalty = self._penalties()
                 scaled = a.scale_loss(self.optimizer, main + extra + penalty / replicas)
@@ -145,13 +181,21 @@ class Mirrored(ParallelModel):
                 grads = add_zero_where_present(grads, self.emulator.finish(device, token, after))
             grads = reduce_sparse_in_replica(ctx, grads)
             a.apply_gradients(self.optimizer, grads, weights)
-            return y_pred, self._extras(y_pred), extra, penalty
+            return y_pred, self._extras(y_pred), extra, penalty, main
 
         with a.untracked_losses(self):
-            y_pred, extras, extra, penalty = self.strategy.run(replica_step, args=(x_parts,))
-        y_pred = self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0))
+            y_pred, extras, extra, penalty, main = self.strategy.run(replica_step, args=(x_parts,))
+        if self.gather_reason is None:
+            # Each replica kept its own rows: joined once, for the metrics (pruned from the step where none
+            # reads them), and the replicas' shares of the loss summed.
+            y_pred = self._merge([self._attach(_replica(self.strategy, y_pred, i), _replica(self.strategy, extras, i))
+                                  for i in range(len(self.devices))])
+            compiled = sum_replicas(self.strategy, main, self.merge_device)
+        else:
+            y_pred = self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0))
+            compiled = _replica(self.strategy, main, 0)
         extra = sum_replicas(self.strategy, extra, self.merge_device) + _replica(self.strategy, penalty, 0)
-        return y_pred, extra
+        return y_pred, extra, compiled
 
     def _parallel_forward(self, x):
         _, _, shares, x_parts = self._distribute(x)

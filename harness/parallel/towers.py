@@ -78,7 +78,7 @@ class Towers(ParallelModel):
         with tf.GradientTape() as tape:
             y_pred, extra, pending = self._towers(x, training=True, watch=tape.watch)
             extra = extra + self._penalties()
-            loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
+            compiled, loss = self._whole_batch_loss(y, y_pred, sample_weight, extra)
             scaled = a.scale_loss(self.optimizer, loss)
         weights = self.core.trainable_weights
         grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
@@ -90,7 +90,7 @@ class Towers(ParallelModel):
                      for (device, token, _), g in zip(pending, input_grads)]
             grads = add_zero_where_present(grads, tf.add_n(zeros))
         a.apply_gradients(self.optimizer, grads, weights)
-        return y_pred, extra
+        return y_pred, extra, compiled
 
     def _parallel_forward(self, x):
         y_pred, extra, _ = self._towers(x, training=False)

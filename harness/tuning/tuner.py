@@ -254,6 +254,11 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
                                f"({ceilings}): the largest even split that fits")
+        if len(devices) > 1 and len(set(even)) == 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
+            from harness.tuning.solver import predict
+
+            out["keras"] = _parallel(model, size, devices, specs, even, "keras", seconds, windows, seed, say,
+                                     predict(models, even).samples_per_second, even_solo)
     return out
 
 

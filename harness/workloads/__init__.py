@@ -48,7 +48,9 @@ def check_size(size: str) -> str:
 class Workload:
     """One seed workload. ``seed`` names the seed document (``"000"``), not a random seed.
 
-    The model code lives in ``harness.workloads.<module>``, imported on first use.
+    The model code lives in ``harness.workloads.<module>``, imported on first use;
+    ``"<module>:<name>"`` names an object of that module with the same interface.
+    Workloads that come from no seed document have ``seed == ""``.
     """
 
     name: str
@@ -57,7 +59,9 @@ class Workload:
     module: str
 
     def _impl(self):
-        return importlib.import_module(f"harness.workloads.{self.module}")
+        module, _, variant = self.module.partition(":")
+        impl = importlib.import_module(f"harness.workloads.{module}")
+        return getattr(impl, variant) if variant else impl
 
     @property
     def labels(self) -> Labels:
@@ -74,7 +78,8 @@ class Workload:
 
     def label_shape(self, size: str) -> tuple[int, ...]:
         """Shape of one label as ``make_data`` returns it: ``()`` for sparse class indices."""
-        return () if self.labels is Labels.SPARSE else self.output_shape(size)
+        # sparse: one class index per output position (a scalar, or one per timestep)
+        return self.output_shape(size)[:-1] if self.labels is Labels.SPARSE else self.output_shape(size)
 
     def sample_bytes(self, size: str) -> int:
         """Bytes of one ``(x, y)`` sample as ``make_data`` returns it (float32 inputs, 4-byte labels)."""
@@ -144,6 +149,12 @@ _WORKLOADS = {
         Workload("gru_stack", "001", "4 stacked GRU(512) + Dense(128): next note of a melody", "gru_stack"),
         Workload("wide_mlp", "002", "wide MLP 8000-4000-2000-500-300-1, exactly 41,157,101 parameters", "wide_mlp"),
         Workload("resnet50", "004", "ResNet50 image classifier (keras.applications, random weights)", "resnet50"),
+        # issue 16's overhead models: little compute per step, so a method's fixed costs show
+        Workload("mlp_head10", "", "MLP 64-512-512-10: a small step, a small gradient", "overhead:mlp_head10"),
+        Workload("mlp_head8192", "", "MLP 64-512-512-8192: a small step, a 4.5M-float gradient",
+                 "overhead:mlp_head8192"),
+        Workload("tagger1024", "", "per-timestep tagger (32 x 32) -> 128 -> 1024 classes: outputs as large as "
+                 "the step", "overhead:tagger1024"),
     )
 }
 

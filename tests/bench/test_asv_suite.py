@@ -25,9 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # One combination per benchmark: each regex is matched against "module.Class.name(params)".
 SELECTION = [
-    r"^throughput\.(Throughput|TrainStep|GpuMemory)\..*\('mnist_maxing', 'mirrored', 'tuned', 3\)$",
+    r"^throughput\.Throughput\..*\('mnist_maxing', 'mirrored', 'tuned', 3\)$",
     r"^throughput\.Throughput\..*\('mnist_maxing', 'single', 'even', 2\)$",  # invalid: setup skips it
-    r"^throughput\.HostMemory\..*\('mnist_maxing', 'towers', 2\)$",
+    r"^throughput\.TrainStep\..*\('mnist_maxing', 'keras', 'even', 3\)$",  # the stock baseline
+    r"^throughput\.GpuMemory\..*\('mnist_maxing', 'single', 'even', 1\)$",
+    r"^throughput\.HostMemory\..*\('mnist_maxing', 'towers', 3\)$",
+    r"^throughput\.VersusStock\..*\('mnist_maxing', 'mirrored', 3\)$",
     r"^fidelity\..*\('mnist_maxing', 'mirrored', 3\)$",
     r"^tuner\.",
     r"^startup\.",
@@ -97,6 +100,7 @@ def test_one_combination_of_every_benchmark_runs(config, tmp_path):
     assert measured == {"throughput.Throughput.track_samples_per_second": 1, "throughput.TrainStep.time_train_step": 1,
                         "throughput.HostMemory.peakmem_train_step": 1,
                         "throughput.GpuMemory.track_peak_gpu_memory_bytes": 0,
+                        "throughput.VersusStock.track_ratio_to_stock": 1,
                         "fidelity.Fidelity.track_max_weight_deviation": 1, "tuner.Tuner.track_efficiency": 1,
                         "tuner.Tuner.track_tuning_seconds": 1, "startup.timeraw_import_harness": 1,
                         "startup.timeraw_cli_help": 1}, out[-6000:]

@@ -4,7 +4,8 @@ Every stock strategy starts its collective group keys at 1; harness' did too
 for its first device set, so whichever trained second aborted with "Shape
 mismatch in the collective instance 100" (issue 16). The bad case is
 reproduced by giving harness' strategy the stock key base: the same script then
-fails.
+fails. On CPU devices harness' strategies sum through one device (no collective
+keys at all); the scripts force TensorFlow's collectives, what GPUs use.
 """
 
 import importlib.util
@@ -18,6 +19,7 @@ import harness
 devices = harness.use_logical_devices(3)
 import numpy as np, tensorflow as tf
 from harness.parallel import collective
+collective._cross_device_ops = lambda devices: None  # TensorFlow's default: collectives, as on GPUs
 if sys.argv[3] == "stock-keys":  # the bad case: harness' strategies keyed as a stock one is
     collective.HARNESS_KEY_BASE = 0
 k = __import__("tf_keras" if sys.argv[1] == "keras2" else "keras")
@@ -25,18 +27,19 @@ x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
 y = x[:, :2] * 2
 stock_strategy = tf.distribute.MirroredStrategy(devices[:2])
 
-def build():
+def build(width):  # a width of each: shared collective instances then disagree on shapes
     k.utils.set_random_seed(0)
-    return k.Sequential([k.Input((5,)), k.layers.Dense(8, activation="relu"), k.layers.Dense(2)])
+    return k.Sequential([k.Input((5,)), k.layers.Dense(width, activation="relu"), k.layers.Dense(2)])
 
 def stock():
     with stock_strategy.scope():
-        model = build()
+        model = build(8)
         model.compile(optimizer="sgd", loss="mse")
     return model.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
 
 def ours(count):
-    parallel = harness.parallelize(build(), devices[:count], method="mirrored", ratios=list(range(1, count + 1)))
+    parallel = harness.parallelize(build(8 * count), devices[:count], method="mirrored",
+                                   ratios=list(range(1, count + 1)))
     parallel.compile(optimizer="sgd", loss="mse")
     return parallel.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
 

@@ -207,8 +207,8 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("compare-*.json")]
     assert record["status"] == "complete"
     rows = {r["label"]: r for r in record["rows"]}
-    assert list(rows) == ["CPU:0 alone", "CPU:1 alone", "even towers", "even mirrored", "ratio towers",
-                          "ratio mirrored", "tuned towers", "tuned mirrored"]
+    assert list(rows) == ["CPU:0 alone", "CPU:1 alone", "CPU:0 whole", "CPU:0 keras", "even keras", "even towers",
+                          "even mirrored", "ratio towers", "ratio mirrored", "tuned towers", "tuned mirrored"]
     assert {label: r["summary"]["host_bound"] for label, r in rows.items()} == {label: [] for label in rows}
     sps = {label: r["summary"]["samples_per_second"]["median"] for label, r in rows.items()}
     fast_batch, slow_batch = rows["ratio towers"]["config"]["batches"]  # split by the measured ~2:1
@@ -217,6 +217,16 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     # = 1.5 times that. The host's own work per step (the merge, the collectives) takes some of it, the more
     # so on a crowded host (1.26 with six busy processes on these 2 cores): at least half the ideal gain.
     assert sps["even towers"] == pytest.approx(2 * slow, rel=0.15)
+    # The stock rows run on the same emulated devices (harness.stock): the whole batch on the fast one, then
+    # Keras fit under a stock MirroredStrategy, whose even split the slow device paces as ours.
+    assert sps["CPU:0 keras"] == pytest.approx(fast, rel=0.15) and sps["CPU:0 whole"] == pytest.approx(fast, rel=0.15)
+    assert sps["even keras"] == pytest.approx(2 * slow, rel=0.15)
+    assert [d["busy_rate"]["median"] for d in rows["even keras"]["summary"]["devices"]] == pytest.approx(
+        [fast, slow], rel=0.05)
+    pairs = {(e["row"], e["baseline"]) for e in record["versus_stock"]}
+    assert pairs == {("CPU:0 whole", "CPU:0 keras"), ("even towers", "even keras"), ("even towers", "CPU:0 keras"),
+                     ("even mirrored", "even keras"), ("even mirrored", "CPU:0 keras")}
+    assert "even mirrored / even keras:" in done.stdout
     gain = 1 + 0.5 * ((fast + slow) / (2 * slow) - 1)
     assert sps["ratio mirrored"] > gain * sps["even mirrored"]
     tuned_fast, tuned_slow = rows["tuned mirrored"]["config"]["batches"]  # the tuner's split of the same batch

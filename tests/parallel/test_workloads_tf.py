@@ -21,7 +21,8 @@ FULL_PARAMS = {"mnist_maxing": 78_923_530, "gru_stack": 5_779_584, "wide_mlp": 4
 
 # Steps of batch 64 for the loss to fall clearly: deep narrow stacks (tiny mnist_maxing, four GRU(16))
 # pass little gradient at first, and wide_mlp keeps the seed's Adam at 1e-4.
-LEARN_STEPS = {"mnist_maxing": 64, "gru_stack": 64, "wide_mlp": 96, "resnet50": 12}
+LEARN_STEPS = {"mnist_maxing": 64, "gru_stack": 64, "wide_mlp": 96, "resnet50": 12, "mlp_head10": 12,
+               "mlp_head8192": 12, "tagger1024": 12}
 
 
 def _compiled(w, size="tiny", seed=0):

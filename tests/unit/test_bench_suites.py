@@ -69,14 +69,17 @@ def test_host_bound_figures_are_skipped_with_the_reason(common, capsys):
     ("single", "even", 2, "method 'single' runs on one device; got devices=2"),
     ("towers", "ratio", 1, "one device has only the even split; got split='ratio'"),
     ("mirrored", "tuned", 1, "one device has only the even split; got split='tuned'"),
+    ("towers", "even", 1, "method 'towers' on one device is the 'single' combination; got devices=1"),
+    ("keras", "ratio", 2, "method 'keras' (stock MirroredStrategy) splits evenly; got split='ratio'"),
 ])
 def test_meaningless_combinations_are_skipped(common, method, split, count, why):
     with pytest.raises(NotImplementedError, match=why.replace("(", r"\(").replace(")", r"\)")):
         common.check_combination(method, split, count)
 
 
-@pytest.mark.parametrize(("method", "split", "count"), [("single", "even", 1), ("towers", "even", 1),
-                                                         ("mirrored", "tuned", 3)])
+@pytest.mark.parametrize(("method", "split", "count"), [("single", "even", 1), ("towers", "even", 2),
+                                                         ("mirrored", "tuned", 3), ("keras", "even", 1),
+                                                         ("keras", "even", 3)])
 def test_meaningful_combinations_run(common, method, split, count):
     common.check_combination(method, split, count)
 

@@ -120,3 +120,37 @@ def test_compare_marks_host_bound_rows_and_warns_once(capsys):
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("harness compare: warning: 2 of 3 configurations (even towers, ratio towers): host-bound:")
     assert "this host computes its slices at 9500" in line  # the device's best rate over the configurations
+
+
+def test_the_stock_method_splits_evenly_and_is_no_parallel_method():
+    devices = ("/device:CPU:0", "/device:CPU:1")
+    RunConfig("mnist_maxing", "tiny", "keras", devices, (128, 128))
+    RunConfig("mnist_maxing", "tiny", "keras", devices[:1], (256,))
+    with pytest.raises(ValueError) as info:
+        RunConfig("mnist_maxing", "tiny", "keras", devices, (160, 96))
+    assert str(info.value) == ("method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
+                               "[160, 96]: use 2 equal batches such as [128, 128]")
+    with pytest.raises(ValueError, match="rebalance_every needs a parallel method .* got method 'keras'"):
+        RunConfig("mnist_maxing", "tiny", "keras", devices, (128, 128), rebalance_every=5)
+    with pytest.raises(ValueError, match="unknown method 'stock'; choose from single, towers, mirrored, keras"):
+        RunConfig("mnist_maxing", "tiny", "stock", devices, (128, 128))
+
+
+def test_versus_stock_pairs_each_harness_row_with_the_stock_row_it_replaces():
+    from harness.cli.compare import versus_stock
+
+    def row(label, method, devices, value):
+        summary = None if value is None else {"samples_per_second": {"median": value}}
+        return {"label": label, "config": {"method": method, "devices": devices}, "summary": summary}
+
+    one, two = ["/device:CPU:0"], ["/device:CPU:0", "/device:CPU:1"]
+    rows = [row("CPU:0 alone", "single", one, 90.0), row("CPU:0 whole", "single", one, 95.0),
+            row("CPU:0 keras", "keras", one, 100.0), row("even keras", "keras", two, 80.0),
+            row("even towers", "towers", two, 120.0), row("even mirrored", "mirrored", two, None),
+            row("ratio towers", "towers", two, 130.0)]
+    assert versus_stock(rows) == [
+        {"row": "CPU:0 whole", "baseline": "CPU:0 keras", "ratio": 0.95},
+        {"row": "even towers", "baseline": "even keras", "ratio": 1.5},
+        {"row": "even towers", "baseline": "CPU:0 keras", "ratio": 1.2},
+    ]  # a row that did not complete, and the ratio split (no stock row splits so), are left out
+    assert versus_stock(rows[:2] + rows[4:]) == []  # no stock rows: nothing to compare with

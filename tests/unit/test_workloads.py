@@ -10,7 +10,8 @@ from harness import workloads
 from harness.workloads import Labels
 from harness.workloads.pipeline import InputRate, default_pool_size, is_starved
 
-NAMES = ("mnist_maxing", "gru_stack", "wide_mlp", "resnet50")
+SEEDED = ("mnist_maxing", "gru_stack", "wide_mlp", "resnet50")
+NAMES = (*SEEDED, "mlp_head10", "mlp_head8192", "tagger1024")
 
 
 def _classes(workload, y):
@@ -23,9 +24,9 @@ def _classes(workload, y):
     return y
 
 
-def test_names_are_the_seed_workloads_in_seed_order():
+def test_names_are_the_seed_workloads_in_seed_order_then_the_overhead_models():
     assert workloads.names() == NAMES
-    assert [workloads.get(n).seed for n in NAMES] == ["000", "001", "002", "004"]
+    assert [workloads.get(n).seed for n in NAMES] == ["000", "001", "002", "004", "", "", ""]
 
 
 def test_names_and_shapes_import_no_tensorflow():
@@ -45,7 +46,8 @@ def test_names_and_shapes_import_no_tensorflow():
 def test_get_unknown_names_the_choices():
     with pytest.raises(ValueError) as err:
         workloads.get("x")
-    assert str(err.value) == "unknown workload 'x'; choose from mnist_maxing, gru_stack, wide_mlp, resnet50"
+    assert str(err.value) == ("unknown workload 'x'; choose from mnist_maxing, gru_stack, wide_mlp, resnet50, "
+                              "mlp_head10, mlp_head8192, tagger1024")
     with pytest.raises(ValueError, match="unknown workload"):
         workloads.get(None)
 
@@ -101,7 +103,7 @@ def test_make_data_shapes_dtypes_and_labels(name):
     assert y.dtype == (np.int32 if w.labels is Labels.SPARSE else np.float32)
     assert np.all(np.isfinite(x))
     classes = _classes(w, y)
-    n_classes = 2 if w.labels is Labels.BINARY else w.output_shape("tiny")[0]
+    n_classes = 2 if w.labels is Labels.BINARY else w.output_shape("tiny")[-1]
     assert classes.min() >= 0 and classes.max() < n_classes
     assert len(np.unique(classes)) > 1
     assert w.sample_bytes("tiny") == (x.nbytes + y.nbytes) // 256

@@ -75,12 +75,55 @@ class Adapter:
         """The compiled loss of ``y_pred`` (loss weights, masks), not scaled by any strategy; None without one."""
         raise NotImplementedError
 
+    #: built-in losses that reduce over the batch, not per sample (Keras 3: dice, tversky, circle)
+    BATCH_LEVEL_LOSSES = ("dice", "tversky", "circle")
+    #: the reductions that divide by the number of per-sample values (a count each replica knows)
+    MEAN_REDUCTIONS = ("auto", "sum_over_batch_size", "mean")
+
+    def loss_gather_reason(self, model) -> str | None:
+        """Why ``model``'s compiled loss needs the whole batch's predictions, or None where it decomposes.
+
+        A loss decomposes where every compiled loss is a Keras built-in computed per
+        sample and reduced by the count of its values (``sum_over_batch_size``): then a
+        slice's loss on its own rows times n_i/N is its exact share of the whole
+        batch's, sample and class weights and loss weights included. Custom losses,
+        batch-level ones (dice, tversky, circle), ``ignore_class`` and the other
+        reductions (their divisor spans the batch) are computed on the whole batch.
+        Masks are checked on the outputs, when the step is traced.
+        """
+        given = getattr(model, "loss", None)
+        if given is None or given == {}:
+            return "no compiled loss"
+        builtin = (f"{self.k.__name__}.src.losses", f"{self.k.__name__}.losses")
+        for item in tf.nest.flatten(given):
+            if item is None:
+                continue
+            loss = self.k.losses.get(item) if isinstance(item, str) else item
+            fn = getattr(loss, "fn", None) if isinstance(loss, self.k.losses.Loss) else loss
+            where = getattr(type(loss) if fn is None else fn, "__module__", "") or ""
+            name = getattr(type(loss) if fn is None else fn, "__name__", repr(loss))
+            if not where.startswith(builtin):
+                return f"loss {name!r} is not a Keras built-in (it may mix samples)"
+            if any(word in name.lower() for word in self.BATCH_LEVEL_LOSSES):
+                return f"loss {name!r} reduces over the batch"
+            if isinstance(loss, self.k.losses.Loss):
+                reduction = str(getattr(loss, "reduction", "auto")).lower()
+                if reduction not in self.MEAN_REDUCTIONS:
+                    return f"loss {name!r} has reduction={reduction!r} (its divisor spans the batch)"
+                if loss.get_config().get("ignore_class") is not None:
+                    return f"loss {name!r} ignores a class (it divides by the whole batch's other labels)"
+        return None
+
     def untracked_losses(self, model):
         """A context in which ``loss`` updates no loss metric (around ``strategy.run``)."""
         return contextlib.nullcontext()
 
-    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
-        """Updates the loss metrics once, as a single-device step on the whole batch does."""
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n, compiled=None) -> None:
+        """Updates the loss metrics once, as a single-device step on the whole batch does.
+
+        ``compiled``: the whole batch's compiled loss, if the step has it; the loss is
+        computed again only where Keras keeps a loss metric per output.
+        """
         raise NotImplementedError
 
     def prepare_compiled(self, model, core) -> None:

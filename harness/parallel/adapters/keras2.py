@@ -117,10 +117,16 @@ class Keras2Adapter(Adapter):
             sw = self._losses_utils.apply_mask(y_p, sw, self._losses_utils.get_mask(y_p))
             value = loss_obj(y_t, y_p, sample_weight=sw)
             values.append(value if loss_weight is None else value * loss_weight)
-        return add_all(values) if values else None
+        return add_all(values, values[0].dtype) if values else None  # in the model's dtype (float64 stays)
 
-    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
-        model.compiled_loss(y, y_pred, sample_weight, regularization_losses=[extra])
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n, compiled=None) -> None:
+        # LossesContainer.__call__ (2.13-2.21) updates its total's Mean weighted by the batch size, and a Mean
+        # per output where there are several.
+        container = model.compiled_loss
+        if compiled is None or y is None or not container._built or any(container._per_output_metrics or ()):
+            container(y, y_pred, sample_weight, regularization_losses=[extra])  # computes the loss again
+            return
+        container._total_loss_mean.update_state(add_all([compiled, extra]), sample_weight=n)
 
     def first_call_builds(self, model, train_function):
         # tf_keras (2.13-2.21, TF 2.15's keras) builds the compiled metrics in the first trace; the

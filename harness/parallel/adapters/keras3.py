@@ -143,9 +143,11 @@ class Keras3Adapter(Adapter):
             y_pred = y_pred[0]
         compile_loss.build(y_pred, y_pred)
 
-    def report_loss(self, model, y, y_pred, sample_weight, extra, n) -> None:
-        value = self.loss(model, y, y_pred, sample_weight)  # also updates the per-output loss metrics
-        model._loss_tracker.update_state(add_all([value, extra]), sample_weight=n)
+    def report_loss(self, model, y, y_pred, sample_weight, extra, n, compiled=None) -> None:
+        per_output = model._compile_loss is not None and any(model._compile_loss._metrics or ())
+        if compiled is None or per_output:
+            compiled = self.loss(model, y, y_pred, sample_weight)  # also updates the per-output loss metrics
+        model._loss_tracker.update_state(add_all([compiled, extra]), sample_weight=n)
 
     # -- optimizers -----------------------------------------------------------------------------------
     def scale_loss(self, optimizer, loss):
