@@ -373,3 +373,21 @@ def add_zero(structure, zero):
 
     # tf.nest, not keras.tree: TF 2.15's Keras 2 has no keras.tree (same structures here: lists, tuples, dicts).
     return tf.nest.map_structure(add, structure)
+
+
+def emulator_for(emulate, devices: Sequence[str]) -> Emulator | None:
+    """The ``Emulator`` of an ``emulate=`` argument over ``devices``: None, an ``Emulator`` (kept), a spec
+    string (``parse_emulate``) or one ``EmulatedDevice`` per device.
+
+    Raises:
+        ValueError: not one emulated device per device.
+    """
+    if emulate is None or isinstance(emulate, Emulator):
+        return emulate
+    specs = parse_emulate(emulate) if isinstance(emulate, str) else tuple(emulate)
+    if len(specs) != len(devices) or not all(isinstance(s, EmulatedDevice) for s in specs):
+        raise ValueError(
+            f"emulate needs one EmulatedDevice (or RATE[:MAXBATCH] entry) per device; got {len(specs)} for "
+            f"{len(devices)} devices {list(devices)}: {emulate!r}"
+        )
+    return Emulator(dict(zip(devices, specs)))

@@ -270,12 +270,12 @@ def _placement(config: RunConfig):
 
 def _stock_model(config: RunConfig, workload):
     """The stock baseline (``harness.stock``): the workload's model as Keras trains it, no harness in its step."""
-    from harness.parallel import _emulator
+    from harness.emulate import emulator_for
     from harness.stock import stock_model
 
     return stock_model(lambda: workload.build(config.size, seed=config.seed),
                        lambda model: model.compile(optimizer=workload.optimizer(), loss=workload.loss()),
-                       config.devices, _emulator(config.emulate, list(config.devices)))
+                       config.devices, emulator_for(config.emulate, config.devices))
 
 
 def _extra_callbacks(config: RunConfig, model) -> list:

@@ -17,6 +17,7 @@ of Keras' step changes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 __all__ = ["stock_model", "emulated_class", "keras"]
@@ -32,8 +33,6 @@ def stock_model(build: Callable[[], object], compile_model: Callable[[object], N
         devices: one device (plain Keras) or several (a stock MirroredStrategy, one per device set and process).
         emulator: a ``harness.emulate.Emulator`` of these devices, or None.
     """
-    import contextlib
-
     import tensorflow as tf
 
     from harness.compat import keras_module_of
@@ -41,7 +40,7 @@ def stock_model(build: Callable[[], object], compile_model: Callable[[object], N
 
     devices = tuple(devices)
     scope = tf.device(devices[0]) if len(devices) == 1 else stock_strategy_for(devices).scope()
-    with scope if scope is not None else contextlib.nullcontext():
+    with scope:
         model = build()
         if emulator is not None:
             model = emulated_class(keras_module_of(model))(model, emulator, devices)
@@ -49,17 +48,9 @@ def stock_model(build: Callable[[], object], compile_model: Callable[[object], N
     return model
 
 
-_CLASSES: dict = {}
-
-
+@functools.cache
 def emulated_class(k):
     """The ``Emulated`` wrapper model class of Keras module ``k`` (one per module and process)."""
-    if k not in _CLASSES:
-        _CLASSES[k] = _make_emulated(k)
-    return _CLASSES[k]
-
-
-def _make_emulated(k):
     import tensorflow as tf
 
     class Emulated(k.Model):

@@ -102,13 +102,12 @@ def run(args) -> int:
 
 
 def _equivalence(args, devices, ratios) -> list[dict]:
+    from harness import stock
     from harness.equivalence import compare_training
     from harness.workloads import small
 
     _say(args, f"\n{'model':<10} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
     rows = []
-    from harness import stock
-
     for name in args.models:
         x, y, sw = small.make_data(name, args.samples)
         for method in args.methods:

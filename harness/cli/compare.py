@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-tune", action="store_true", help="leave out the tuned split (saves the profiling time)")
     p.add_argument("--no-stock", action="store_true",
                    help="leave out the stock Keras rows (plain Keras on the first device, Keras fit under a stock "
-                        "MirroredStrategy on the even split); they need real or logical devices, not --emulate")
+                        "MirroredStrategy on the even split)")
     p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
     p.set_defaults(run=run)
 

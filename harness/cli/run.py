@@ -36,7 +36,7 @@ def add_parser(subparsers) -> None:
     options.add_common(p, seconds=5.0, windows=3)
     p.add_argument("--method", choices=METHODS,
                    help="default: towers on several devices, single on one; keras: the stock baseline (Keras fit "
-                        "alone, or under a stock MirroredStrategy with an even split; not on emulated devices)")
+                        "alone, or under a stock MirroredStrategy with an even split)")
     p.add_argument("--batches", nargs="+", type=int, metavar="B", help="per-device batch sizes, e.g. 820 568")
     p.add_argument("--ratios", nargs="+", type=float, metavar="R", help="split ratios, with --batch (default even)")
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.emulate import emulator_for
 from harness.split import validate_ratios
 
 __all__ = ["parallelize", "multi_gpu_model"]
@@ -103,7 +104,7 @@ def parallelize(
         from harness.parallel.towers import towers_class as make
     else:
         from harness.parallel.mirrored import mirrored_class as make
-    parallel = make(adapter)(model, names, ratios, sync_batchnorm, merge, _emulator(emulate, names))
+    parallel = make(adapter)(model, names, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
     if auto:
         from harness.compat import keras_module_of
         from harness.parallel.rebalance import rebalance_class
@@ -140,20 +141,6 @@ def _is_auto(ratios) -> bool:
     if ratios != "auto":
         raise ValueError(f"ratios must be a list of numbers, None (even) or 'auto'; got ratios={ratios!r}")
     return True
-
-
-def _emulator(emulate, devices: list[str]):
-    from harness.emulate import EmulatedDevice, Emulator, parse_emulate
-
-    if emulate is None or isinstance(emulate, Emulator):
-        return emulate
-    specs = parse_emulate(emulate) if isinstance(emulate, str) else tuple(emulate)
-    if len(specs) != len(devices) or not all(isinstance(s, EmulatedDevice) for s in specs):
-        raise ValueError(
-            f"emulate needs one EmulatedDevice (or RATE[:MAXBATCH] entry) per device; got {len(specs)} for "
-            f"{len(devices)} devices {devices}: {emulate!r}"
-        )
-    return Emulator(dict(zip(devices, specs)))
 
 
 def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_relocation: bool = False):

@@ -61,7 +61,7 @@ class Mirrored(ParallelModel):
         self.strategy = strategy_for(self.devices)
         self._core_model = self._adapter.clone(template, self.strategy, self.sync_batchnorm)
         self.gather_reason: str | None = "not compiled"
-
+        self._loss_reason: str | None = "not compiled"  # what compile() decided from the losses alone
 
     # -- weights -----------------------------------------------------------------
     def sync_to_template(self) -> None:
@@ -88,7 +88,7 @@ class Mirrored(ParallelModel):
         with self.strategy.scope():
             self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
         self._adapter.prepare_compiled(self, self.core)
-        self.gather_reason = self._adapter.loss_gather_reason(self)
+        self.gather_reason = self._loss_reason = self._adapter.loss_gather_reason(self)
 
     # -- steps -------------------------------------------------------------------------
     def _cross_replica(self):
@@ -109,7 +109,7 @@ class Mirrored(ParallelModel):
         self.strategy.run(lambda g: self._adapter.apply_gradients(self.optimizer, g, weights), args=(per_replica,))
 
     def _distribute(self, x):
-        """``(n, starts, shares, slices)``: the batch cut on the host, one slice per replica."""
+        """``(n, sizes, starts, shares, slices)``: the batch cut on the host, one slice per replica."""
         n, sizes, parts = self._split(x)
         with tf.device(self.input_device):
             starts = tf.cumsum(sizes, exclusive=True)
@@ -117,7 +117,7 @@ class Mirrored(ParallelModel):
         values = self.strategy.experimental_distribute_values_from_function(
             lambda ctx: parts[ctx.replica_id_in_sync_group]
         )
-        return n, starts, shares, values
+        return n, sizes, starts, shares, values
 
     def _gather(self, ctx, y_local, start, n):
         """The whole batch's predictions inside a replica (``whole_batch``), masks and logits gathered too."""
@@ -133,7 +133,7 @@ class Mirrored(ParallelModel):
 
     def _local_loss_reason(self, y, y_local) -> str | None:
         """Why this step's loss needs the whole batch's predictions (``gather_reason``), None if it does not."""
-        reason = self._adapter.loss_gather_reason(self)
+        reason = self._loss_reason
         if reason is None and y is None:
             reason = "no targets"
         if reason is None and any(self._adapter.get_mask(t) is not None for t in tf.nest.flatten(y_local)):
@@ -142,11 +142,9 @@ class Mirrored(ParallelModel):
         return reason
 
     def _parallel_train(self, x, y, sample_weight):
-        n, starts, shares, x_parts = self._distribute(x)
-        with tf.device(self.input_device):
-            sizes = slicing.split_sizes(n, self._shares_ref.value)
-            count = len(self.devices)
-            y_parts, weight_parts = (slicing.split_structure(v, sizes, count) for v in (y, sample_weight))
+        n, sizes, starts, shares, x_parts = self._distribute(x)
+        with tf.device(self.input_device):  # cut like x (read by replicas whose loss is their own rows')
+            y_parts, weight_parts = (slicing.split_structure(v, sizes, len(self.devices)) for v in (y, sample_weight))
         replicas = float(self.strategy.num_replicas_in_sync)
         a = self._adapter
 
@@ -198,7 +196,7 @@ class Mirrored(ParallelModel):
         return y_pred, extra, compiled
 
     def _parallel_forward(self, x):
-        _, _, shares, x_parts = self._distribute(x)
+        _, _, _, shares, x_parts = self._distribute(x)
 
         def replica_forward(x_local):
             ctx = tf.distribute.get_replica_context()

@@ -235,6 +235,8 @@ def _choice_text(choice: dict) -> str:
 
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say):
+    from harness.tuning.solver import predict
+
     ceilings = _memory_ceilings(probes, split.global_batch)
     say("verifying: each device alone at its batch")
     tuned_solo = _solo(probes, split.batches, seconds, say)
@@ -246,8 +248,6 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     if compare_even and tuple(even) == tuple(split.batches):
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
-        from harness.tuning.solver import predict
-
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
                                 predict(models, even).samples_per_second, even_solo)
     if compare_even:
@@ -255,8 +255,6 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
                                f"({ceilings}): the largest even split that fits")
         if len(devices) > 1 and len(set(even)) == 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
-            from harness.tuning.solver import predict
-
             out["keras"] = _parallel(model, size, devices, specs, even, "keras", seconds, windows, seed, say,
                                      predict(models, even).samples_per_second, even_solo)
     return out
