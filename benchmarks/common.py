@@ -31,12 +31,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from harness.bench.runner import METHODS as RUN_METHODS
+
 __all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combination", "use_devices", "all_devices",
            "emulated", "device_profiles", "setup_profiles", "split_batches", "run_config", "prepared_step",
            "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
-METHODS = ("single", "towers", "mirrored", "keras")  # keras: the stock baseline (harness.runner.RunMethod)
+METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
 SPLITS = ("even", "ratio", "tuned")
 TUNED_MARGIN = 0.05  # the share of each memory ceiling the tuned split leaves free, as `harness tune`
 
@@ -53,7 +55,7 @@ class BenchGrid:
     workloads: tuple[str, ...]
     size: str
     device_counts: tuple[int, ...]
-    batch_per_device: Mapping[str, int]  # global batch = this x devices (weak scaling, as seed 000 advises)
+    batch_per_device: Mapping[str, int]  # global batch = this x devices (weak scaling: seed 000, docs/background.md)
     emulate: str | None
     seconds: float  # run_one: seconds per timing window
     windows: int
@@ -223,7 +225,7 @@ def device_profiles(grid: BenchGrid) -> dict:
 
     Emulated devices are known exactly: ``t(b) = overhead + b / rate``, ceiling
     MAXBATCH (nothing is measured, so every ci process agrees). Real GPUs are
-    profiled alone, once per asv run (``setup_cache``): ``harness.tuning``'s
+    profiled alone, once per asv run (``setup_cache``): ``harness.bench.tuning``'s
     ceiling search and step-time fit, up to the largest global batch of the grid.
 
     Returns:
@@ -240,8 +242,8 @@ def device_profiles(grid: BenchGrid) -> dict:
         names = all_devices(grid)
     except NotImplementedError as err:
         return {"error": str(err)}
-    from harness import workloads
-    from harness.tuning.tuner import profile_devices
+    from harness.bench import workloads
+    from harness.bench.tuning.tuner import profile_devices
 
     out = {}
     for name in grid.workloads:
@@ -268,14 +270,14 @@ def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, co
 
     ``even``: equal shares. ``ratio``: shares in proportion to each device's
     samples/s alone at the even share (what ``harness compare`` measures first;
-    here from the step-time models). ``tuned``: ``harness.tuning.solver.solve_split``
+    here from the step-time models). ``tuned``: ``harness.bench.tuning.solver.solve_split``
     on the same models, within the ceilings less a 5% margin (a device may get 0).
 
     Raises:
         NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
     """
+    from harness.bench.tuning.solver import StepModel, solve_split
     from harness.split import split_batch
-    from harness.tuning.solver import StepModel, solve_split
 
     if "error" in profiles:
         raise NotImplementedError(profiles["error"])
@@ -304,7 +306,7 @@ def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, co
 
 
 def run_config(grid: BenchGrid, profiles: dict, workload: str, method: str, split: str, count: int):
-    """The ``harness.runner.RunConfig`` of one combination; creates the devices.
+    """The ``harness.bench.runner.RunConfig`` of one combination; creates the devices.
 
     A tuned split that leaves a device out runs without it (on one device: ``single``),
     as ``harness compare`` does.
@@ -312,7 +314,7 @@ def run_config(grid: BenchGrid, profiles: dict, workload: str, method: str, spli
     Raises:
         NotImplementedError: a meaningless combination or one this machine cannot run.
     """
-    from harness.runner import RunConfig
+    from harness.bench.runner import RunConfig
 
     check_combination(method, split, count)
     batches = split_batches(grid, profiles, workload, split, count)
@@ -332,15 +334,15 @@ _PREPARED: dict = {}  # RunConfig -> (model, x, y): asv re-runs setup before eve
 def prepared_step(config) -> tuple:
     """``(model, x, y)``: ``config``'s model as ``harness run`` builds it, one batch, warm.
 
-    The model is built by ``harness.runner.build_model`` and has trained
+    The model is built by ``harness.bench.runner.build_model`` and has trained
     ``config.warmup_steps`` untimed steps on the batch (tracing, allocation).
     Cached per process: asv calls ``setup`` again before each timed sample.
     """
     if config not in _PREPARED:
         import tensorflow as tf
 
-        from harness import workloads
-        from harness.runner import build_model
+        from harness.bench import workloads
+        from harness.bench.runner import build_model
 
         workload = workloads.get(config.model)
         model = build_model(config, workload)
@@ -358,7 +360,7 @@ def fidelity_report(grid: BenchGrid, workload: str, method: str, devices: Sequen
     Both runs start from the same weights and train ``grid.fidelity_steps``
     steps of the grid's global batch with the workload's own optimizer and loss.
     """
-    from harness import workloads
+    from harness.bench import workloads
     from harness.equivalence import compare_training
 
     spec = workloads.get(workload)
@@ -384,7 +386,7 @@ def tune_record(grid: BenchGrid) -> dict:
                 raise NotImplementedError(f"tuning a split needs two devices or more; this machine has {devices}")
     except NotImplementedError as err:
         return {"error": str(err)}
-    from harness.tuning.tuner import tune
+    from harness.bench.tuning.tuner import tune
 
     return tune(grid.tune_model, devices=devices, size=grid.size, emulate=specs, **grid.tune_options)
 
@@ -398,7 +400,7 @@ def refuse_host_bound(entries, what: str) -> None:
 
     Args:
         entries: ``{"device", "emulated_rate", "host_rate", "late_share"}`` dicts
-            (``harness.runner.host_bound``); nothing happens when empty.
+            (``harness.bench.runner.host_bound``); nothing happens when empty.
         what: the configuration, for the message.
     """
     import sys

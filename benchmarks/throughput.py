@@ -1,8 +1,8 @@
 """Throughput per workload, method, split and device count: samples/s, step time, memory.
 
-``track_samples_per_second`` is ``harness run``: ``harness.runner.run_one``
+``track_samples_per_second`` is ``harness run``: ``harness.bench.runner.run_one``
 with the grid's windows, the median window's samples/s. The step benchmarks
-build the model with ``harness.runner.build_model``, as ``run_one`` does, and
+build the model with ``harness.bench.runner.build_model``, as ``run_one`` does, and
 time one ``train_on_batch`` of a prepared batch (it returns the loss as NumPy:
 the host waits for the device work, so each timed call ends synchronised).
 
@@ -42,7 +42,7 @@ class Throughput(_Combinations):
         self.config = common.run_config(GRID, profiles, workload, method, split, devices)
 
     def track_samples_per_second(self, profiles, workload, method, split, devices):
-        from harness.runner import host_bound, run_one
+        from harness.bench.runner import host_bound, run_one
 
         result = run_one(self.config)
         what = f"{self.config.method} with batches {list(self.config.batches)}"
@@ -128,7 +128,7 @@ class VersusStock:
     and ``mirrored`` over Keras ``fit`` under a stock MirroredStrategy (what the
     exact step costs or gains). Measured back to back, so a slower or busier
     machine moves both figures and not their ratio. On the ci grid both run on
-    the emulated devices (``harness.stock``): what remains is each side's work
+    the emulated devices (``harness.bench.stock``): what remains is each side's work
     outside the devices.
     """
 
@@ -142,7 +142,7 @@ class VersusStock:
         self.stock = common.run_config(GRID, profiles, workload, "keras", "even", devices)
 
     def track_ratio_to_stock(self, profiles, workload, method, devices):
-        from harness.runner import host_bound, run_one
+        from harness.bench.runner import host_bound, run_one
 
         figures = []
         for config in (self.ours, self.stock):

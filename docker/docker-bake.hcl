@@ -1,4 +1,4 @@
-# Generated from docker/matrix.toml by `python -m harness.matrix bake > docker/docker-bake.hcl`.
+# Generated from docker/matrix.toml by `python -m harness.ci.matrix bake > docker/docker-bake.hcl`.
 # Do not edit: tests/unit/test_matrix.py fails when this file and the matrix disagree.
 # Run from the repository root after `pip wheel --no-deps --wheel-dir docker/wheelhouse .`.
 

@@ -32,8 +32,8 @@ _LAZY = {
     "multi_gpu_model": "harness.parallel",
     "compare_training": "harness.equivalence",
     "EquivalenceReport": "harness.equivalence",
-    "assert_equivalent": "harness.testing",
-    "tune": "harness.tuning.tuner",
+    "assert_equivalent": "harness.equivalence",
+    "tune": "harness.bench.tuning.tuner",
     "Rebalance": "harness.parallel.rebalance",
     "step_watchdog": "harness.watchdog",
 }

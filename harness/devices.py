@@ -18,6 +18,7 @@ __all__ = [
     "gpu_memory_limit_mb",
     "resolve_devices",
     "is_tf_initialized",
+    "gpu_count",
 ]
 
 # Shares of one card when several processes split it (gpu_memory_limit_mb): all test processes
@@ -29,6 +30,19 @@ GPU_CONTEXT_MIB = 1024
 MIN_LOGICAL_GPU_MIB = 256
 
 _DEVICE_RE = re.compile(r"^/?(?:job:[^/]+/replica:\d+/task:\d+/)?(?:device:)?(cpu|gpu):(\d+)$", re.IGNORECASE)
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs the driver exposes, counted without creating a TF context."""
+    root = "/proc/driver/nvidia/gpus"
+    try:
+        count = len(os.listdir(root))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip() and v.strip() != "-1"]))
+    return count
 
 
 def is_tf_initialized() -> bool:
@@ -111,7 +125,7 @@ def gpu_memory_limit_mb(total_mib: int, processes: int, devices: int) -> int:
     evenly among its logical GPUs: ``(floor(0.9 * total / processes) - 1024) // devices``.
 
     Args:
-        total_mib: the card's memory (MiB), e.g. ``harness.nvml.gpus()[0].memory_total_mib``.
+        total_mib: the card's memory (MiB), e.g. ``harness.bench.nvml.gpus()[0].memory_total_mib``.
         processes: processes sharing the card (pytest-xdist workers).
         devices: logical GPUs each process makes of it.
 
@@ -218,7 +232,7 @@ def _check_limits(kind: str, count: int, memory_limits_mb: Sequence[int] | None)
         if kind == "GPU":
             raise ValueError("memory_limits_mb is required for logical GPUs (one limit per device, in MiB)")
         return [None] * count
-    limits = list(memory_limits_mb)
+    limits: list[int | None] = list(memory_limits_mb)
     if len(limits) != count or any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
         raise ValueError(
             f"memory_limits_mb must hold {count} positive ints (MiB); got memory_limits_mb={memory_limits_mb!r}"

@@ -2,9 +2,9 @@
 
 ``--emulate 1345:1100,875:700`` makes device 0 process 1345 samples/s and fail
 beyond 1100 samples per step, device 1 875 samples/s up to 700 samples; a third
-field adds a fixed cost per step in milliseconds (``1438:1100:49`` is seed 000's
-1080 Ti: 684, 1128 and 1345 samples/s at batch 64, 256 and 1024). Each device's
-slice passes a *begin* op (start time; the memory check) before its computation
+field adds a fixed cost per step in milliseconds (``1438:1100:49`` is the GTX 1080 Ti of
+seed 000, docs/background.md: 684, 1128 and 1345 samples/s at batch 64, 256 and 1024). Each
+device's slice passes a *begin* op (start time; the memory check) before its computation
 and an *end* op after it, which sleeps until ``start + overhead + n / rate``.
 
 Rates can change while a model trains (``Emulator.set_rate``: a card that
@@ -14,8 +14,8 @@ measures real devices.
 
 Both ops are ``tf.numpy_function(..., stateful=False)``: stateful Python ops
 are serialised by tf.function's automatic control dependencies, stateless ones
-overlap across devices like real GPUs (DESIGN.md). The end op gates the
-device's output, so it can be neither pruned nor skipped. A batch over the
+overlap across devices like real GPUs (docs/design.md, "Emulated devices"). The end op
+gates the device's output, so it can be neither pruned nor skipped. A batch over the
 limit raises ``MemoryError`` inside the op, which TensorFlow turns into its own
 ``ResourceExhaustedError`` - what a real GPU's out-of-memory raises.
 
@@ -319,19 +319,17 @@ class Emulator:
     # -- the log -------------------------------------------------------------
     def busy_between(self, t0: float, t1: float) -> dict[str, BusyTime]:
         """Busy time, real work and samples per device of the work that ended in ``(t0, t1]``."""
-        totals = {d: [0.0, 0, 0, 0.0, 0] for d in self.logged}
+        totals = {d: BusyTime(d, 0.0, 0, 0) for d in self.logged}
         with self._lock:
             events = self._events[_first_ending_after(self._events, t0):]
         for event in events:
             if event.end <= t1:
-                total = totals[event.device]
-                start = max(event.start, t0)
-                total[0] += event.end - start
-                total[1] += event.samples
-                total[2] += 1
-                total[3] += event.end - event.start if event.work is None else event.work  # whole: with its samples
-                total[4] += bool(event.late)
-        return {d: BusyTime(d, s, n, k, w, late) for d, (s, n, k, w, late) in totals.items()}
+                t = totals[event.device]
+                work = event.end - event.start if event.work is None else event.work  # whole: with its samples
+                totals[event.device] = BusyTime(event.device, t.seconds + (event.end - max(event.start, t0)),
+                                                t.samples + event.samples, t.steps + 1, t.work_seconds + work,
+                                                t.late_steps + int(event.late))
+        return totals
 
     def host_bound_between(self, t0: float, t1: float) -> list[dict]:
         """The emulated devices host-bound in ``(t0, t1]``, as ``host_bound_text`` takes them (empty: none)."""

@@ -29,7 +29,8 @@ import numpy as np
 
 from harness.compat import releasing_traced_graphs
 
-__all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "relative_deviation", "REFERENCES", "VERDICTS"]
+__all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "assert_equivalent", "relative_deviation",
+           "REFERENCES", "VERDICTS"]
 
 REFERENCES = ("float64",)  # the accepted values of ``reference`` besides None
 VERDICTS = ("exact", "as accurate as one device", "exact in float64", "FAIL")  # ``EquivalenceReport.verdict``
@@ -268,7 +269,7 @@ def compare_training(
     *,
     devices,
     ratios: Sequence[float] | None = None,
-    method: str = "mirrored",
+    method: str | Callable[[Any, Any, Any], Any] = "mirrored",
     batch_size: int = 32,
     epochs: int = 1,
     optimizer="sgd",
@@ -370,8 +371,12 @@ def compare_training(
     initial_weights = kept["initial"] if single is None else kept.setdefault("initial", single.get_weights())
     # A parallel model of harness's own is kept for later calls over these devices (its trace too).
     shared = None if callable(method) or single_runs is None else (method, tuple(devices), bool(sync_batchnorm))
-    wrap = method if callable(method) else (  # a user's own wrapper: (template, devices, ratios) -> model
-        lambda t, d, r: parallelize(t, d, ratios=r, method=method, sync_batchnorm=sync_batchnorm))
+    wrap: Callable[[Any, Any, Any], Any]  # (template, devices, ratios) -> parallel model
+    if callable(method):  # a user's own wrapper
+        wrap = method
+    else:
+        method_name = method
+        wrap = lambda t, d, r: parallelize(t, d, ratios=r, method=method_name, sync_batchnorm=sync_batchnorm)  # noqa: E731
 
     def made():
         template = build_model()
@@ -431,6 +436,7 @@ def compare_training(
     compile64 = dict(in_float64, optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics,
                      jit_compile=jit_compile)
     if "float64" not in kept:
+        assert float64 is not None  # built above: reference is set and no float64 run was kept
         _compile_float64(float64, **compile64, slots_first=True)
         history64 = {"loss": list(_fit_float64(float64, x, y, **in_float64, fit_args=fit_args))}
         kept["float64"] = _Run(_keep(float64.weights), _keep(float64.optimizer.variables), history64)
@@ -741,3 +747,72 @@ def _fit_float64(model, x, y, *, keras, keras2: bool, fit_args: dict, callbacks=
         history = model.fit(_as_float64(x), _as_float64(y), callbacks=callbacks,
                             **{**fit_args, "sample_weight": _as_float64(fit_args["sample_weight"])})
     return tuple(history.history["loss"])
+
+
+def assert_equivalent(
+    build_model: Callable[[], object],
+    x,
+    y,
+    *,
+    devices,
+    ratios: Sequence[float] | None = None,
+    method: str = "mirrored",
+    batch_size: int = 32,
+    epochs: int = 1,
+    optimizer="sgd",
+    loss="mse",
+    tol: float = 1e-6,
+    reference: str | None = None,
+    **kwargs,
+):
+    """Raises ``AssertionError`` unless parallel training matches single-device training within ``tol``.
+
+    Trains ``build_model()`` once on one device and once with ``parallelize``
+    from the same initial weights and batches, then compares every weight,
+    every optimizer variable and the per-epoch loss by
+    ``max |Δ| / max(1, max |reference|)``.
+
+    With ``reference="float64"`` a float64 copy of the model is trained on one
+    device too, and a parallel run that is not within ``tol`` still passes when
+    it is as accurate as one device: no farther from the float64 run than twice
+    the single-device float32 run, plus 1e-7
+    (``EquivalenceReport.verdict``). Float32 rounding alone can put a correct
+    parallel step of a real CNN 1e-5 from the single-device step.
+
+    Args:
+        build_model: returns a new, built Keras model.
+        x, y: training data.
+        devices, ratios, method: as for ``harness.parallelize``.
+        batch_size, epochs, optimizer, loss: the training run.
+        tol: the largest deviation accepted.
+        reference: None, or ``"float64"`` (see above and ``harness.compare_training``).
+        **kwargs: passed to ``harness.compare_training`` (``metrics``,
+            ``sample_weight``, ``class_weight``, ``sync_batchnorm``, ``seed``).
+
+    Returns:
+        The ``EquivalenceReport``.
+
+    Raises:
+        AssertionError: with a table of the worst-differing variables (and, with a
+            reference, both runs' distances from it and the variables farthest from it).
+        ValueError: ``reference`` not None or ``"float64"``.
+
+    Example:
+        >>> assert_equivalent(build, x, y, devices=logical_devices[:2], ratios=[3, 2])
+        >>> assert_equivalent(build_cnn, x, y, devices=logical_devices[:2], ratios=[3, 2], reference="float64")
+    """
+    report = compare_training(
+        build_model, x, y, devices=devices, ratios=ratios, method=method, batch_size=batch_size,
+        epochs=epochs, optimizer=optimizer, loss=loss, reference=reference, **kwargs,
+    )
+    if report.verdict(tol) == "FAIL":
+        if report.reference is None:
+            raise AssertionError(f"parallel training differs from single-device (tol={tol:g}): "
+                                 f"{report.summary()}\n{report.table()}")
+        raise AssertionError(
+            f"parallel training differs from single-device (tol={tol:g}) and is less accurate than one device: "
+            f"{report.reference_parallel:.3e} from the {report.reference} run (parallel) vs "
+            f"{report.reference_single:.3e} (single device); as accurate needs parallel <= 2 x single + 1e-7. "
+            f"{report.summary()}\n{report.table()}"
+        )
+    return report

@@ -1,4 +1,4 @@
-"""Shared test setup. The harness pytest plugin (markers, logical_devices, keras2, any_keras) loads via its entry point.
+"""Shared test setup. The harness pytest plugin (markers, logical_devices, keras2, any_keras) is opted into here.
 
 Tests that train models are written once for both Keras generations: the plugin's ``any_keras``
 fixture runs each on Keras 3 and on Keras 2 (tf_keras, or TF 2.15's ``keras``), skipping the
@@ -9,6 +9,8 @@ generation an environment lacks with the reason. Tests that are Keras 3 only by 
 """
 
 import pytest
+
+pytest_plugins = ["harness.pytest_plugin"]  # opt-in: installing harness loads it nowhere else
 
 
 @pytest.fixture(scope="session")

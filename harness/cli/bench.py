@@ -1,7 +1,7 @@
 """``harness bench-compare BASE HEAD``: the asv regression gate, with an exit status you can trust.
 
 Runs the asv suite on two commits and judges head against base
-(``harness.benchgate``): exit 1 when a benchmark is worse by more than
+(``harness.ci.benchgate``): exit 1 when a benchmark is worse by more than
 ``--factor`` and statistically different (samples/s counted higher-is-better),
 2 when a benchmark errors on head, else 0. Prints a Markdown summary for a
 pull-request comment (``--markdown FILE`` also writes it).
@@ -32,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness.extras import require
+
 __all__ = ["add_parser", "run"]
 
 _INSTALL = "{python} -m pip install --quiet --no-deps --force-reinstall --no-build-isolation {path}"
@@ -56,17 +58,14 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from harness import benchgate
+    from harness.ci import benchgate
 
     if not args.factor > 1:
         raise ValueError(f"--factor must be > 1; got {args.factor:g}")
     config = Path(args.config).resolve()
     if not config.is_file():
         raise ValueError(f"no asv config at {config}; run from the repository root or pass --config")
-    try:
-        import asv  # noqa: F401
-    except ImportError:
-        raise RuntimeError("harness bench-compare needs asv: pip install 'harness[bench]'") from None
+    require("asv", package="asv", extra="bench", purpose="harness bench-compare")
     root = config.parent
     base, head = _rev_parse(root, args.base), _rev_parse(root, args.head)
     machine = args.machine or socket.gethostname()

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from harness import workloads
+from harness.bench import workloads
 
 __all__ = ["add_parser", "run"]
 
@@ -60,7 +60,7 @@ def _precheck(args) -> None:
 
 
 def run(args) -> int:
-    from harness.calibrate import calibrate
+    from harness.bench.calibrate import calibrate
     from harness.cli.run import Output
 
     _precheck(args)
@@ -91,7 +91,7 @@ def run(args) -> int:
 
 def table(result: dict) -> str:
     """One row per workload: each device's host rate, the sustained rate, the host's time outside the devices."""
-    from harness.report import format_table
+    from harness.bench.report import format_table
 
     names = [d["device"].replace("/device:", "") for d in result["workloads"][0]["devices"]]
     rows = [[w["model"], w["batch_per_device"], *(f"{d['host_rate']:.0f}" for d in w["devices"]),

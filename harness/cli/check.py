@@ -4,7 +4,7 @@ For each model and method it trains single-device vs parallel from the same
 start (``compare_training``) and prints the worst deviation; then it times
 training steps of single-device, towers and mirrored on the same devices.
 
-``harness check --zoo`` checks the model zoo instead (``harness.zoo``): real
+``harness check --zoo`` checks the model zoo instead (``harness.bench.zoo``): real
 architectures at CPU size, each x method x split (even on 2 devices, 3:2, 5:3:2
 on 3), judged against one device and a float64 run. Each case's status is a
 verdict of ``compare_training`` (exact, as accurate as one device, exact in
@@ -14,14 +14,16 @@ status is 1 if any case FAILs. Progress goes to stderr.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 
+from harness.bench.workloads.small import EQUIVALENCE_MODELS
+from harness.bench.zoo import NAMES as ZOO_MODELS
+from harness.bench.zoo import SPLITS as ZOO_SPLITS
+from harness.parallel import METHODS as PARALLEL_METHODS
 from harness.split import split_batch, validate_ratios
-from harness.workloads.small import EQUIVALENCE_MODELS
-from harness.zoo import NAMES as ZOO_MODELS
-from harness.zoo import SPLITS as ZOO_SPLITS
 
 __all__ = ["add_parser", "run"]
 
@@ -40,7 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ratios", nargs="+", type=float, default=[5, 3, 2], metavar="R",
                    help="per-device shares of each batch (default 5 3 2)")
     p.add_argument("--models", nargs="+", choices=EQUIVALENCE_MODELS, default=list(EQUIVALENCE_MODELS))
-    p.add_argument("--methods", nargs="+", choices=["towers", "mirrored", "keras"], default=["towers", "mirrored"],
+    p.add_argument("--methods", nargs="+", choices=[*PARALLEL_METHODS, "keras"], default=list(PARALLEL_METHODS),
                    help="towers, mirrored (default both) and keras: the stock baseline, Keras fit under a stock "
                         "MirroredStrategy on an even split; its deviation is reported, never failed")
     p.add_argument("--batch-size", type=int, default=20, help="global batch size (default 20)")
@@ -102,9 +104,9 @@ def run(args) -> int:
 
 
 def _equivalence(args, devices, ratios) -> list[dict]:
-    from harness import stock
+    from harness.bench import stock
+    from harness.bench.workloads import small
     from harness.equivalence import compare_training
-    from harness.workloads import small
 
     _say(args, f"\n{'model':<10} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
     rows = []
@@ -114,7 +116,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
             baseline = method == "keras"  # even split, stock loss scaling: measured, not judged
             try:
                 report = compare_training(
-                    lambda name=name: small.build(name), x, y, devices=devices, ratios=None if baseline else ratios,
+                    functools.partial(small.build, name), x, y, devices=devices, ratios=None if baseline else ratios,
                     method=stock.keras if baseline else method, batch_size=args.batch_size,
                     optimizer=args.optimizer, loss=small.loss(), metrics=["accuracy"], sample_weight=sw,
                 )
@@ -141,9 +143,9 @@ def _equivalence(args, devices, ratios) -> list[dict]:
 def _timings(args, devices, ratios) -> list[dict]:
     import keras
 
-    from harness.measure import time_train_steps
+    from harness.bench.measure import time_train_steps
+    from harness.bench.workloads import small
     from harness.parallel import parallelize
-    from harness.workloads import small
 
     _say(args, f"\nstep time, batch {args.time_batch}, median of {args.time_steps} steps (logical devices share "
                f"the same cores: this measures overhead, not speed-up)")
@@ -152,7 +154,7 @@ def _timings(args, devices, ratios) -> list[dict]:
     for name in args.models:
         x, y, _ = small.make_data(name, args.time_batch)
         times = {}
-        for method in ("single", "towers", "mirrored"):
+        for method in ("single", *PARALLEL_METHODS):
             model = small.build(name)
             if method != "single":
                 model = parallelize(model, devices, ratios=ratios, method=method)
@@ -169,7 +171,7 @@ def _timings(args, devices, ratios) -> list[dict]:
 
 
 def _zoo(args) -> int:
-    from harness import zoo
+    from harness.bench import zoo
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log noise out of the progress lines
     generations = _generations(args.keras)
@@ -191,7 +193,7 @@ def _zoo(args) -> int:
 
 
 def _generations(keras: str) -> list[str]:
-    from harness import zoo
+    from harness.bench import zoo
 
     if keras != "both":
         return [keras]

@@ -7,7 +7,7 @@ split is ``--ratios`` if given, else the devices' own measured single-device
 speeds; the tuned split is ``harness tune``'s for the same global batch (each
 device profiled alone: memory ceiling, step-time curve; ``--no-tune`` skips it).
 
-With no arguments on a machine without GPUs it replays seed 000's story on two
+With no arguments on a machine without GPUs it replays seed 000's story (docs/background.md) on two
 emulated devices (a GTX 1080 Ti at 1345 samples/s and a GTX 1080 at 875): even
 split vs ratio split at the seed's global batch of 1388.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.cli import options
 from harness.cli.run import Output
+from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["add_parser", "run"]
 
@@ -37,7 +38,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
     p.add_argument("--ratios", nargs="+", type=float, metavar="R",
                    help="ratio split to compare (default: the devices' measured single-device samples/s)")
-    p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=["towers", "mirrored"],
+    p.add_argument("--methods", nargs="+", choices=PARALLEL_METHODS, default=list(PARALLEL_METHODS),
                    help="parallel methods to compare (default both)")
     p.add_argument("--no-tune", action="store_true", help="leave out the tuned split (saves the profiling time)")
     p.add_argument("--no-stock", action="store_true",
@@ -49,7 +50,7 @@ def add_parser(subparsers) -> None:
 
 def _rows(args, setup, size: str, batch: int):
     """(label, RunConfig) of the single-device runs; the parallel ones follow their results."""
-    from harness.runner import RunConfig
+    from harness.bench.runner import RunConfig
 
     common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
                   input_delay_ms=args.input_delay_ms, seed=args.seed)
@@ -67,7 +68,7 @@ def _short(device: str) -> str:
 
 
 def run(args) -> int:
-    from harness.runner import RunConfig
+    from harness.bench.runner import RunConfig
     from harness.split import split_batch, validate_ratios
 
     options.check_common(args)
@@ -134,7 +135,7 @@ def run(args) -> int:
     out.record["versus_stock"] = versus_stock(rows)
     out.finish(status="complete")
     table = comparison_table(rows)
-    plot = _plot(args, out, rows, setup)
+    plot = options.chart("compare", lambda: _plot(args, out, rows, setup))
     if args.json:
         json.dump(out.record, sys.stdout, indent=2, default=str)
         print()
@@ -151,8 +152,8 @@ def run(args) -> int:
 
 def _warn_host_bound(rows: list[dict]) -> None:
     """One warning line for all configurations whose emulated devices were host-bound (each device's best host rate)."""
+    from harness.bench.runner import host_bound
     from harness.emulate import host_bound_text
-    from harness.runner import host_bound
 
     bound = [row for row in rows if host_bound(row)]
     if not bound:
@@ -169,9 +170,9 @@ def _warn_host_bound(rows: list[dict]) -> None:
 
 def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | None:
     """``harness tune``'s split of ``batch``: profile each device alone, then solve."""
-    from harness import workloads
-    from harness.tuning.solver import solve_split
-    from harness.tuning.tuner import host_bound_entries, profile_devices, usable_ceilings
+    from harness.bench import workloads
+    from harness.bench.tuning.solver import solve_split
+    from harness.bench.tuning.tuner import host_bound_entries, profile_devices, usable_ceilings
 
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
     specs = setup.emulate or [None] * len(setup.devices)
@@ -208,14 +209,15 @@ def _ratio_split(args, solo: list[dict]) -> tuple[list[float], str]:
     if args.ratios is not None:
         return list(args.ratios), f"--ratios {' '.join(f'{r:g}' for r in args.ratios)}"
     rates = [r["summary"]["samples_per_second"]["median"] if r["status"] == "complete" else None for r in solo]
-    if any(rate is None or rate <= 0 for rate in rates):
+    measured = [rate for rate in rates if rate is not None]
+    if len(measured) < len(rates) or any(rate <= 0 for rate in measured):
         return [1.0] * len(solo), "even (a device failed alone, so its speed is unknown)"
-    return rates, "measured single-device speeds " + ":".join(f"{r:.0f}" for r in rates)
+    return measured, "measured single-device speeds " + ":".join(f"{r:.0f}" for r in measured)
 
 
 def comparison_table(rows: list[dict]) -> str:
     """Label, per-device batches, samples/s (median, spread), ratio to the best, status."""
-    from harness.report import format_table, ratio_to_best
+    from harness.bench.report import format_table, ratio_to_best
 
     values = [_median(r) for r in rows]
     best = ratio_to_best(values)
@@ -255,7 +257,7 @@ def versus_stock(rows: list[dict]) -> list[dict]:
 
 
 def _status(row: dict) -> str:
-    from harness.runner import host_bound
+    from harness.bench.runner import host_bound
 
     if row["status"] != "complete":
         return f"{row['status']}: {row['error']}"
@@ -269,8 +271,8 @@ def _median(row: dict):
 
 
 def _plot(args, out, rows, setup) -> Path | None:
-    from harness.report import bar_chart
-    from harness.runner import host_bound
+    from harness.bench.report import bar_chart
+    from harness.bench.runner import host_bound
 
     if args.no_save and args.plot is None:
         return None

@@ -1,8 +1,10 @@
 """``harness docker``: build a version-matrix image for real, smoke-test it, run the fast suite inside.
 
-Uses the engine ``docker`` reaches (``DOCKER_HOST`` or the default socket). Where
-none answers and this is root, starts a private dockerd (vfs, no iptables, own
-socket and data root under ``--work-dir``) and stops and deletes it afterwards.
+Drives the engine through the Docker SDK for Python (``pip install 'harness[ci]'``):
+the one ``DOCKER_HOST`` names, else the default socket. Only the build goes through
+the ``docker`` command line (BuildKit, which the SDK lacks). Where no engine answers
+and this is root, starts a private dockerd (vfs, no iptables, own socket and data
+root under ``--work-dir``) and stops and deletes it afterwards.
 Where no registry answers, the Debian base is built with debootstrap. By default
 every package comes from a wheelhouse filled on the host (``--offline``, the
 mode for air-gapped runners); ``--online`` lets pip inside the build use the index.
@@ -24,8 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness import containers
-from harness.matrix import build_args, default_path, image_tag, load_matrix, newest
+from harness.ci import containers
+from harness.ci.matrix import build_args, default_path, image_tag, load_matrix, newest
 
 __all__ = ["add_parser", "run"]
 
@@ -99,10 +101,17 @@ def _run(args, entry, tag, repo, work, report, wall) -> int:
         engine = containers.start_engine(work / "engine", _log)
     report["engine_started"] = engine.started
     try:
+        version = containers.engine_version(engine)
+        report["engine_version"] = version["version"]
+        _say(f"engine: Docker {version['version']} (API {version['api_version']}, {version['os']}/{version['arch']})"
+             f" at {engine.address}")
         _build_and_check(args, engine, entry, tag, repo, work, report)
     finally:
         if not args.keep_image:
-            engine.docker("image", "rm", "--force", tag, check=False, timeout=300)
+            try:
+                containers.remove_image(engine, tag)
+            except RuntimeError as err:  # say so, without hiding what is already on its way out
+                _say(f"warning: {err}")
         if args.keep_engine and engine.started:
             _say(f"engine left running: export DOCKER_HOST={engine.host}")
         else:
@@ -155,7 +164,9 @@ def _print_report(report: dict) -> None:
                       f"{'offline wheelhouse' if report['offline'] else 'online'})"),
             ("versions", f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, Python {report['python']}"),
             ("base", report.get("base", "?")),
-            ("engine", "private dockerd (started and stopped here)" if report.get("engine_started") else "existing"),
+            ("engine", f"{'private dockerd' if report.get('engine_started') else 'existing engine'}, Docker "
+                       f"{report.get('engine_version', '?')}"
+                       f"{' (started and stopped here)' if report.get('engine_started') else ''}"),
             ("image size", f"{size / 2**30:.2f} GiB ({size:,} bytes)" if size else "?"),
             ("user", report.get("user") or "root"),
             ("wheelhouse", f"{report.get('wheelhouse_bytes', 0) / 2**20:.0f} MiB in {report.get('wheelhouse_s')} s"),

@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Prints the fingerprint; returns 0 (a missing piece is reported, not an error)."""
-    from harness.environment import fingerprint, format_fingerprint
+    from harness.bench.environment import fingerprint, format_fingerprint
 
     fp = fingerprint(import_tf=not args.no_tf)
     if args.json:

@@ -36,8 +36,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from harness import compat_report
-    from harness.matrix import default_path, load_matrix
+    from harness.ci import compat_report
+    from harness.ci.matrix import default_path, load_matrix
 
     out = Path(args.out)
     if args.from_junit:
@@ -74,7 +74,7 @@ def _tox() -> list[str]:
 
 
 def _run_env(env, i, total, suites, repo, out, args):
-    from harness import compat_report
+    from harness.ci import compat_report
 
     junit = (out / f"{env}.xml").resolve()
     junit.unlink(missing_ok=True)

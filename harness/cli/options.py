@@ -2,19 +2,22 @@
 
 Device choice, in order: ``--emulate`` (emulated devices on logical CPUs),
 ``--logical-cpus N``, ``--devices``/``--gpus``; with none of them, every GPU,
-or, on a machine without one, seed 000's two emulated GPUs.
+or, on a machine without one, seed 000's two emulated GPUs (docs/background.md).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from harness import workloads
+from harness.bench import workloads
 from harness.emulate import EmulatedDevice, parse_emulate
 
 __all__ = ["SEED_000_EMULATE", "DeviceSetup", "add_common", "setup_devices", "check_common", "default_size",
-           "expected_device_count"]
+           "expected_device_count", "chart"]
 
 # Seed 000: a GTX 1080 Ti alone at 1345 samples/s, a GTX 1080 at 875; the 1080 ran out of memory at 710.
 SEED_000_EMULATE = "1345:1100,875:700"
@@ -88,8 +91,19 @@ def expected_device_count(args) -> int | None:
     return len(parse_emulate(SEED_000_EMULATE)) if _gpu_count() == 0 else None
 
 
+def chart(command: str, draw: Callable[[], Path | None]) -> Path | None:
+    """``draw()``'s chart, or, without matplotlib, one line on stderr naming the extra and no chart."""
+    from harness.extras import MissingExtra
+
+    try:
+        return draw()
+    except MissingExtra as err:
+        print(f"harness {command}: chart skipped: {err}", file=sys.stderr)
+        return None
+
+
 def _gpu_count() -> int:
-    from harness.testing import gpu_count
+    from harness.devices import gpu_count
 
     return gpu_count()
 
@@ -136,7 +150,7 @@ def telemetry_for(setup: DeviceSetup):
     """A started NVML sampler for GPU devices, else None."""
     if setup.kind != "GPU":
         return None
-    from harness.nvml import TelemetrySampler
-    from harness.runner import gpu_index
+    from harness.bench.nvml import TelemetrySampler
+    from harness.bench.runner import gpu_index
 
     return TelemetrySampler([i for i in (gpu_index(d) for d in setup.devices) if i is not None]).start()

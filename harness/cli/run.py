@@ -1,6 +1,6 @@
 """``harness run``: train one workload on your devices and print samples/s per window.
 
-Seed 000's ``test_GPUs.py`` on modern Keras: every window prints each device's
+The ``test_GPUs.py`` of seed 000 (docs/background.md) on modern Keras: every window prints each device's
 batch and samples/s and the total. Per-device figures are measured, and each
 says how: emulated devices by their busy time, GPUs by NVML telemetry sampled
 at 10 Hz; logical CPU devices only by their share of the total. Every run is
@@ -23,9 +23,10 @@ import json
 import math
 import re
 import sys
+from pathlib import Path
 
+from harness.bench.runner import METHODS
 from harness.cli import options
-from harness.runner import METHODS
 
 __all__ = ["add_parser", "run"]
 
@@ -86,9 +87,7 @@ def _batches(args, devices) -> tuple[int, ...]:
         if len(args.batches) != len(devices):
             raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {len(devices)} devices "
                              f"{list(devices)}: give one per device")
-        if any(b < 1 for b in args.batches):
-            raise ValueError(f"--batches must be >= 1 each; got {args.batches}")
-        return tuple(args.batches)
+        return tuple(args.batches)  # each >= 1: _precheck
     batch = options.BATCH_PER_DEVICE * len(devices) if args.batch is None else args.batch
     if batch < len(devices):
         raise ValueError(f"--batch must be at least the device count ({len(devices)}); got {batch}")
@@ -129,7 +128,7 @@ def _precheck_rebalance(args, count: int | None) -> None:
 
 
 def run(args) -> int:
-    from harness.runner import RunConfig
+    from harness.bench.runner import RunConfig
 
     _precheck(args)
     setup = options.setup_devices(args)
@@ -163,8 +162,8 @@ def run(args) -> int:
 
 def _warn_host_bound(result: dict) -> None:
     """One warning line on stderr when the run's emulated devices were host-bound."""
+    from harness.bench.runner import host_bound
     from harness.emulate import host_bound_text
-    from harness.runner import host_bound
 
     if host_bound(result):
         print(f"harness run: warning: {host_bound_text(host_bound(result))}", file=sys.stderr)
@@ -172,7 +171,7 @@ def _warn_host_bound(result: dict) -> None:
 
 def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict:
     """Runs ``config`` with progress and a record rewritten after each window."""
-    from harness.runner import run_one
+    from harness.bench.runner import run_one
 
     telemetry = options.telemetry_for(setup)
     partial = out.record.setdefault("partial", [])
@@ -194,8 +193,8 @@ def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict
 
 def window_text(window: dict, windows: int, prefix: str = "", compact: bool = False) -> str:
     """One window as a per-device table (as seed 000 prints it), or as one line."""
-    from harness.report import format_table
-    from harness.runner import SOURCES
+    from harness.bench.report import format_table
+    from harness.bench.runner import SOURCES
 
     head = (f"{prefix}window {window['index'] + 1}/{windows}: {window['steps']} steps, {window['seconds']:.2f} s, "
             f"{window['samples_per_second']:.0f} samples/s")
@@ -258,7 +257,7 @@ def _max(telemetry: dict, field: str):
 
 
 def summary_text(result: dict, setup) -> str:
-    from harness.runner import host_bound
+    from harness.bench.runner import host_bound
 
     s = result["summary"]["samples_per_second"]
     kind = "" if setup.kind != "emulated" else (" [emulated devices, HOST-BOUND: see the warning]" if host_bound(result)
@@ -269,7 +268,7 @@ def summary_text(result: dict, setup) -> str:
     if inp:
         text += f"\ninput pipeline alone: {inp['samples_per_second']:.0f} samples/s"
         if inp["starved"]:
-            text += " -- STARVED: the input pipeline cannot feed training (seed 003, tip 3)"
+            text += " -- STARVED: the input pipeline cannot feed training; more devices will not help"
     return text
 
 
@@ -277,12 +276,12 @@ class Output:
     """Printing, live progress and the result record of one CLI invocation."""
 
     def __init__(self, args, kind: str, config: dict):
-        from harness.environment import fingerprint
-        from harness.results import new_record
+        from harness.bench.environment import fingerprint
+        from harness.bench.results import new_record
 
         self.args = args
         self.record = new_record(kind, config, fingerprint(import_tf=True))
-        self.path = None
+        self.path: Path | None = None  # where the record was saved, once it was
         self._live = sys.stderr.isatty() and not args.json
         self._dirty = False
 
@@ -309,7 +308,7 @@ class Output:
     def save(self) -> None:
         if self.args.no_save:
             return
-        from harness.results import write_record
+        from harness.bench.results import write_record
 
         self.path = write_record(self.record, self.args.results_dir)
 

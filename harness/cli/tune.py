@@ -10,7 +10,7 @@ its chosen batch), with the even split beside it. Prints the ``harness run``
 flags to use, writes a JSON record and a PNG of the curves.
 
 Examples:
-    harness tune                                       # seed 000's emulated GPUs without a GPU
+    harness tune                                       # seed 000's emulated GPUs (docs/background.md), no GPU needed
     harness tune --gpus 0 1 --model resnet50            # your GPUs
     harness tune --emulate 1500:900,1000:600,500:300 --global-batch 1200
 """
@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from harness.cli import options
+from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["add_parser", "run"]
 
@@ -35,7 +36,7 @@ def add_parser(subparsers) -> None:
     goal.add_argument("--global-batch", type=int, metavar="N", help="split this many samples per step")
     goal.add_argument("--max", action="store_true",
                       help="choose the global batch too: the most samples/s within the ceilings (default)")
-    p.add_argument("--method", choices=["mirrored", "towers"], default="mirrored",
+    p.add_argument("--method", choices=PARALLEL_METHODS, default="mirrored",
                    help="method of the verification runs (default mirrored)")
     p.add_argument("--margin", type=float, default=0.05,
                    help="fraction of each memory ceiling left free (default 0.05)")
@@ -67,13 +68,14 @@ def _precheck(args) -> None:
         raise ValueError(f"--tolerance must be in (0, 1); got {args.tolerance:g}")
     if args.global_batch is not None and args.emulate is not None:
         specs = options.parse_emulate(args.emulate)
-        if all(s.max_batch is not None for s in specs) and args.global_batch > sum(s.max_batch for s in specs):
+        caps = [s.max_batch for s in specs if s.max_batch is not None]
+        if len(caps) == len(specs) and args.global_batch > sum(caps):  # every device's memory is known
             raise ValueError(f"--global-batch {args.global_batch} exceeds the emulated devices' memory together "
-                             f"({'+'.join(str(s.max_batch) for s in specs)} = {sum(s.max_batch for s in specs)})")
+                             f"({'+'.join(str(c) for c in caps)} = {sum(caps)})")
 
 
 def run(args) -> int:
-    from harness.tuning.tuner import tune
+    from harness.bench.tuning.tuner import tune
 
     _precheck(args)
     setup = options.setup_devices(args)
@@ -93,7 +95,7 @@ def run(args) -> int:
     result = out.guard(work)
     out.record["result"] = result
     out.finish(status="complete")
-    plot = _plot(args, out, result, setup)
+    plot = options.chart("tune", lambda: _plot(args, out, result, setup))
     if args.json:
         json.dump(out.record, sys.stdout, indent=2, default=str)
         print()
@@ -128,7 +130,7 @@ def options_output(args, setup, size):
 
 def device_table(result: dict) -> str:
     """Per device: ceiling, fitted curve, chosen batch, and its solo samples/s there."""
-    from harness.report import format_table
+    from harness.bench.report import format_table
 
     choice, tuned = result["choice"], result["verify"]["tuned"]
     rows = []
@@ -146,7 +148,7 @@ def device_table(result: dict) -> str:
 
 
 def summary_text(result: dict) -> str:
-    from harness.report import format_table
+    from harness.bench.report import format_table
 
     choice, verify = result["choice"], result["verify"]
     rows = []
@@ -184,7 +186,7 @@ def summary_text(result: dict) -> str:
 
 
 def _plot(args, out, result, setup) -> Path | None:
-    from harness.report import curve_chart
+    from harness.bench.report import curve_chart
 
     if args.no_save and args.plot is None:
         return None

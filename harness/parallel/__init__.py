@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 
 from harness.emulate import emulator_for
 from harness.split import validate_ratios
 
-__all__ = ["parallelize", "multi_gpu_model"]
+__all__ = ["parallelize", "multi_gpu_model", "Method", "METHODS"]
 
-_METHODS = ("towers", "mirrored")
+
+class Method(str, Enum):
+    """How the batch is spread over devices (the one list of parallel methods; light: no TensorFlow)."""
+
+    TOWERS = "towers"
+    MIRRORED = "mirrored"
+
+
+METHODS = tuple(m.value for m in Method)
 
 
 
@@ -80,8 +89,8 @@ def parallelize(
     from harness.devices import resolve_devices
     from harness.parallel.adapters import adapter_for
 
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {list(_METHODS)}; got method={method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {list(METHODS)}; got method={method!r}")
     if not is_keras2_model(model):  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
         import keras
 
@@ -93,8 +102,8 @@ def parallelize(
         )
     _refuse_own_train_step(model)
     names = resolve_devices(devices)
-    auto = _is_auto(ratios)
-    ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
+    auto = _is_auto(ratios)  # True for "auto", False for None or a sequence; raises for any other str
+    ratios = validate_ratios([1.0] * len(names) if ratios is None or isinstance(ratios, str) else ratios, len(names))
     merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
     adapter = adapter_for(model)
     refused = adapter.unsupported(model, method, sync_batchnorm)
@@ -144,7 +153,8 @@ def _is_auto(ratios) -> bool:
 
 
 def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_relocation: bool = False):
-    """Drop-in for Keras 2.2's ``multi_gpu_model`` and seed 000's ratio version.
+    """Drop-in for Keras 2.2's ``multi_gpu_model`` and the ratio version of seed 000 (jinkos/multi-gpus,
+    docs/background.md).
 
     Builds the towers design (one graph, variables on one device). Without a
     GPU, ``gpus`` counts logical CPU devices instead, so the same code runs on

@@ -17,24 +17,16 @@ metrics), merged the same way.
 from __future__ import annotations
 
 import contextlib
-from enum import Enum
 from typing import Any
 
 import tensorflow as tf
 
 from harness.emulate import add_zero
-from harness.parallel import slicing
+from harness.parallel import Method, slicing
 from harness.parallel.adapters.base import add_all
 from harness.parallel.common import ParallelCommon, Untracked
 
 __all__ = ["Method", "ParallelModel", "add_all", "add_zero_where_present"]
-
-
-class Method(str, Enum):
-    """How the batch is spread over devices."""
-
-    TOWERS = "towers"
-    MIRRORED = "mirrored"
 
 
 class ParallelModel(ParallelCommon):

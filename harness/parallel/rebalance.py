@@ -21,18 +21,25 @@ takes its own callbacks only).
 
 from __future__ import annotations
 
+import functools
 import time
+from typing import TYPE_CHECKING, Any
 
 import keras
 
 from harness.parallel.resplit import decide, describe
 from harness.split import split_batch
 
+if TYPE_CHECKING:
+    from harness.emulate import Emulator
+
 __all__ = ["Rebalance", "rebalance_class", "is_rebalance"]
 
 
 class _Rebalancing:
     """What ``Rebalance`` does, apart from the Keras it is a callback of (``rebalance_class``)."""
+
+    model: Any  # the parallel model: set by the Keras callback this is mixed into (``set_model``)
 
     def __init__(self, every: int = 20, tolerance: float = 0.05, warmup: int = 2, verbose: int = 0,
                  max_batches=None):
@@ -51,7 +58,7 @@ class _Rebalancing:
         self.every, self.tolerance, self.warmup, self.verbose = every, float(tolerance), warmup, verbose
         self.history: list[dict] = []
         self.steps = 0  # training steps seen, over every fit
-        self._emulator = None
+        self._emulator: Emulator | None = None  # the model's, from on_train_begin
         self._begin = 0
         self._reset_window(skip=warmup)
 
@@ -67,19 +74,17 @@ class _Rebalancing:
     # -- the window --------------------------------------------------------------
     def _reset_window(self, skip: int) -> None:
         self._skip = skip
-        self._since = None  # start of the running segment (None: not measuring)
-        self._busy = {}  # device -> [seconds, samples, steps] of the finished segments
+        self._since: float | None = None  # start of the running segment (None: not measuring)
+        self._busy: dict[str, tuple[float, int, int]] = {}  # device -> (seconds, samples, steps) of finished segments
         self._window_steps = 0
 
     def _fold(self, now: float) -> None:
         """Adds the running segment's busy time to the window's."""
-        if self._since is None:
+        if self._since is None or self._emulator is None:  # not measuring (the emulator is set on train begin)
             return
         for device, busy in self._emulator.busy_between(self._since, now).items():
-            total = self._busy.setdefault(device, [0.0, 0, 0])
-            total[0] += busy.seconds
-            total[1] += busy.samples
-            total[2] += busy.steps
+            seconds, samples, steps = self._busy.get(device, (0.0, 0, 0))
+            self._busy[device] = (seconds + busy.seconds, samples + busy.samples, steps + busy.steps)
         self._since = None
 
     # -- Keras hooks ----------------------------------------------------------------
@@ -128,8 +133,10 @@ class _Rebalancing:
 
     def _measure(self, now: float) -> None:
         model = self.model
-        rows = [self._busy.get(d, [0.0, 0, 0]) for d in model.devices]
-        seconds, samples, steps = ([row[i] for row in rows] for i in range(3))
+        rows = [self._busy.get(d, (0.0, 0, 0)) for d in model.devices]
+        seconds = [row[0] for row in rows]
+        samples = [row[1] for row in rows]
+        steps = [row[2] for row in rows]
         batch = round(sum(samples) / self._window_steps) if self._window_steps else 0
         previous = model.ratios
         decision = decide(previous, seconds, samples, steps, batch=max(batch, 1), tolerance=self.tolerance,
@@ -186,9 +193,7 @@ class Rebalance(_Rebalancing, keras.callbacks.Callback):
     """
 
 
-_CLASSES: dict = {keras: Rebalance}
-
-
+@functools.cache
 def rebalance_class(k) -> type:
     """``Rebalance`` as a callback of Keras module ``k`` (``keras``, or ``tf_keras`` for its models).
 
@@ -205,10 +210,10 @@ def rebalance_class(k) -> type:
         >>> import tf_keras
         >>> rebalance = rebalance_class(tf_keras)(every=20)
     """
-    if k not in _CLASSES:
-        _CLASSES[k] = type("Rebalance", (_Rebalancing, k.callbacks.Callback),
-                           {"__doc__": Rebalance.__doc__, "__module__": __name__})
-    return _CLASSES[k]
+    if k is keras:
+        return Rebalance
+    return type("Rebalance", (_Rebalancing, k.callbacks.Callback),
+                {"__doc__": Rebalance.__doc__, "__module__": __name__})
 
 
 def is_rebalance(callback) -> bool:

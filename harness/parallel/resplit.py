@@ -10,7 +10,7 @@ The rule sets the new ratios to the measured rates:
   larger slice (its overhead spreads over more samples); setting ratios to the
   measured rates is a fixed-point iteration whose fixed point is equal step
   times, and it converges in a few windows (the step-time model of
-  ``harness.tuning.solver``).
+  ``harness.bench.tuning.solver``).
 
 The split moves only when the slowest device's busy time per step exceeds the
 fastest's by more than ``tolerance`` (noise must not reshuffle a balanced split),
@@ -130,12 +130,14 @@ def decide(
     def keep(reason: str, imbalance: float = math.nan) -> Decision:
         return Decision(current, False, reason, rates, per_step, imbalance)
 
-    if any(r is None for r in rates) or any(p is None for p in per_step):
+    measured_rates = tuple(r for r in rates if r is not None)
+    measured_steps = tuple(p for p in per_step if p is not None)
+    if len(measured_rates) < len(rates) or len(measured_steps) < len(per_step):
         return keep("some device did no measured work in the window")
-    imbalance = busy_imbalance(per_step)
+    imbalance = busy_imbalance(measured_steps)
     if imbalance <= tolerance:
         return keep(f"balanced: busy times per step within {100 * tolerance:g}%", imbalance)
-    proposed = tuple(float(r) for r in rates)
+    proposed = tuple(float(r) for r in measured_rates)
     if max_batches is not None and any(m is not None for m in max_batches):
         capped = capped_split(batch, proposed, max_batches)
         if capped is None:

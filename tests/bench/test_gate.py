@@ -58,10 +58,11 @@ def planted(tmp_path_factory):
     _git(repo, "config", "user.name", "gate test")
     pyproject = ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
                  '[project]\nname = "gatedemo"\nversion = "0.1"\n\n[tool.setuptools]\npackages = ["gatedemo"]\n')
-    first = _commit(repo, {
+    first = _commit(repo, {  # a throw-away repository's files (tests/unit/test_docs.py: not-a-reference)
         "pyproject.toml": pyproject,
         "gatedemo/__init__.py": _WORK.format(seconds=0.02), "asv.conf.json": json.dumps(_CONF),
-        "benchmarks/__init__.py": "", "benchmarks/bench.py": _BENCH, ".gitignore": ".asv/\n"}, "original")
+        "benchmarks/__init__.py": "",
+        "benchmarks/bench.py": _BENCH, ".gitignore": ".asv/\n"}, "original")  # not-a-reference
     same = _commit(repo, {"README.md": "unchanged code\n"}, "docs only")
     slower = _commit(repo, {"gatedemo/__init__.py": _WORK.format(seconds=0.026)}, "30% slower")
     broken = _commit(repo, {"gatedemo/__init__.py": "def work():\n    raise RuntimeError('broken')\n"}, "broken")

@@ -1,7 +1,9 @@
 """Real image builds (``pytest --run-docker -m docker tests/docker``, or ``tox -e docker``).
 
-Each test uses the engine ``docker`` reaches, or starts a private one (root, dockerd installed) and
-stops it afterwards. The entry is ``HARNESS_DOCKER_ENTRY`` (default: the matrix's newest).
+Each test uses the engine the Docker SDK for Python reaches (``DOCKER_HOST``, else the default
+socket), or starts a private one (root, dockerd installed) and stops it afterwards; images and
+containers are inspected through the SDK (``harness[ci]``). The entry is ``HARNESS_DOCKER_ENTRY``
+(default: the matrix's newest).
 """
 
 from __future__ import annotations
@@ -14,13 +16,26 @@ from pathlib import Path
 
 import pytest
 
-from harness import containers
-from harness.matrix import build_args, default_path, load_matrix, newest
+from harness.ci import containers
+from harness.ci.matrix import build_args, default_path, load_matrix, newest
 
 pytestmark = pytest.mark.docker
 
 REPO = default_path().parent.parent
 CACHE = Path.home() / ".cache" / "harness" / "docker"  # as `harness docker`: the debootstrap tarball
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """The engine the SDK reaches, else a private one, stopped (and deleted) afterwards."""
+    engine = containers.find_engine() or containers.start_engine(tmp_path / "engine")
+    yield engine
+    engine.stop()
+
+
+def _leftovers(engine, label: str) -> list[str]:
+    """Containers ``run_in_image`` made for ``label`` (an image) that are still there."""
+    return [c.name for c in engine.client().containers.list(all=True, filters={"label": f"io.harness.run={label}"})]
 
 
 def _entry():
@@ -30,7 +45,10 @@ def _entry():
 
 
 def test_the_image_builds_offline_smokes_and_passes_the_fast_suite_inside(tmp_path):
+    import docker
+
     entry = _entry()
+    before = containers.find_engine()  # None: the command starts (and removes) a private engine of its own
     record = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "harness", "docker", "test", "--entry", entry.name,
                            "--json", str(record)], capture_output=True, text=True, timeout=3600)
@@ -45,13 +63,33 @@ def test_the_image_builds_offline_smokes_and_passes_the_fast_suite_inside(tmp_pa
     legacy = entry.env.get("TF_USE_LEGACY_KERAS", "0")
     assert f"TF_USE_LEGACY_KERAS={legacy}" in report["env_output"]
     assert " passed" in report["tests_summary"] and "failed" not in report["tests_summary"]
+    if before is not None:  # the engine outlived the command: nothing of the run is left in it
+        try:
+            with pytest.raises(docker.errors.ImageNotFound):
+                before.client().images.get(report["tag"])
+            assert _leftovers(before, report["tag"]) == []
+        finally:
+            before.stop()
 
 
-def test_an_offline_build_without_the_wheels_fails_and_names_the_missing_package(tmp_path):
+def test_a_container_streams_its_lines_returns_its_status_and_is_removed(engine):
+    base = containers.ensure_cpu_base(engine, CACHE)
+    assert engine.client().images.get(base).attrs["Os"] == "linux"
+    seen: list[str] = []
+    code, lines, _ = containers.run_in_image(engine, base, ["sh", "-c", "echo one; echo two >&2; exit 3"],
+                                             log=seen.append, timeout=120)
+    assert (code, lines, seen) == (3, ["one", "two"], ["one", "two"])
+    assert _leftovers(engine, base) == []
+    with pytest.raises(RuntimeError, match="^no image harness:no-such-tag in the Docker engine at "):
+        containers.run_in_image(engine, "harness:no-such-tag", ["true"])
+
+
+def test_an_offline_build_without_the_wheels_fails_and_names_the_missing_package(tmp_path, engine):
     # The guard of the offline mode: OFFLINE=1 must never fall back to an index. A wheelhouse with
     # only the harness wheel has to fail, naming what it could not find.
+    import docker
+
     entry = _entry()
-    engine = containers.find_engine() or containers.start_engine(tmp_path / "engine")
     try:
         context = tmp_path / "context"
         context.mkdir()
@@ -62,7 +100,8 @@ def test_an_offline_build_without_the_wheels_fails_and_names_the_missing_package
         args["OFFLINE"] = "1"
         with pytest.raises(RuntimeError, match="(?s)building harness:guard failed.*tensorflow-cpu"):
             containers.build_image(engine, context / "Dockerfile", context, "harness:guard", args)
+        with pytest.raises(docker.errors.ImageNotFound):
+            engine.client().images.get("harness:guard")
     finally:
-        engine.docker("image", "rm", "--force", "harness:guard", check=False)
-        engine.stop()
+        containers.remove_image(engine, "harness:guard")
 

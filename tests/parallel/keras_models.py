@@ -1,7 +1,7 @@
 """Small models built with a given Keras module ``k``, for the tests written once for both generations.
 
 ``k`` is what the ``any_keras`` fixture gives: Keras 3's ``keras``, or a Keras 2 module (``tf_keras``,
-TF 2.15's ``keras``). Beside ``harness.workloads.small``'s models (which take ``keras=k`` too) these
+TF 2.15's ``keras``). Beside ``harness.bench.workloads.small``'s models (which take ``keras=k`` too) these
 cover BatchNormalization in several forms, activity regularisers and a weight penalty. Every case
 compares with the single-device step on the whole batch, partial last batches included (61 samples at
 batch 20: a last batch of 1, smaller than the device count, runs the single-device step; 65: a last
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 METHODS = ["towers", "mirrored"]
 
@@ -55,7 +55,7 @@ BUILDERS = {"dense_l2": dense_l2, "dense_bn": dense_bn, "conv_bn": conv_bn, "nes
 
 
 def build(k, name: str):
-    """A new model ``name`` of ``BUILDERS`` or of ``harness.workloads.small``, built with ``k``."""
+    """A new model ``name`` of ``BUILDERS`` or of ``harness.bench.workloads.small``, built with ``k``."""
     return BUILDERS[name](k) if name in BUILDERS else small.build(name, keras=k)
 
 

@@ -13,9 +13,9 @@ import pytest
 from keras_models import METHODS, build, data, dense_bn, is_keras2
 
 import harness
+from harness.bench.workloads import small
 from harness.parallel import slicing
 from harness.split import shares
-from harness.workloads import small
 
 
 def _dense(k=None):

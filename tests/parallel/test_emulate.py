@@ -16,8 +16,8 @@ from keras_models import METHODS, compare_emulated, data, fixed_loss_scale
 from tf_process import run_harness, run_python
 
 import harness
+from harness.bench.workloads import small
 from harness.emulate import EmulatedDevice, Emulator, Event, parse_emulate
-from harness.workloads import small
 
 
 def test_parse_emulate():
@@ -45,13 +45,14 @@ def test_busy_time_counts_work_that_ended_in_the_window():
     assert emulator.host_bound_between(2.6, 3.5) == []  # the last step alone was on time
 
 
-# Seed 000's devices (scaled down where this host could not keep up), smaller batches: measured figures
-# must land within 10% of the emulated rates, busy rates within 2%, and no device may be host-bound.
+# Seed 000's devices (docs/background.md; scaled down where this host could not keep up), smaller
+# batches: measured figures must land within 10% of the emulated rates, busy rates within 2%, and no
+# device may be host-bound.
 _ACCURACY = """
 import json, sys, harness
 devices = harness.use_logical_devices(2, inter_op_threads=4)
 from harness.emulate import EmulatedDevice
-from harness.runner import RunConfig, host_bound, run_one
+from harness.bench.runner import RunConfig, host_bound, run_one
 fast, slow = float(sys.argv[1]), float(sys.argv[2])
 emulate = (EmulatedDevice(fast, 1100), EmulatedDevice(slow, 700))
 out = {}
@@ -217,7 +218,7 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     # = 1.5 times that. The host's own work per step (the merge, the collectives) takes some of it, the more
     # so on a crowded host (1.26 with six busy processes on these 2 cores): at least half the ideal gain.
     assert sps["even towers"] == pytest.approx(2 * slow, rel=0.15)
-    # The stock rows run on the same emulated devices (harness.stock): the whole batch on the fast one, then
+    # The stock rows run on the same emulated devices (harness.bench.stock): the whole batch on the fast one, then
     # Keras fit under a stock MirroredStrategy, whose even split the slow device paces as ours.
     assert sps["CPU:0 keras"] == pytest.approx(fast, rel=0.15) and sps["CPU:0 whole"] == pytest.approx(fast, rel=0.15)
     assert sps["even keras"] == pytest.approx(2 * slow, rel=0.15)
@@ -239,7 +240,7 @@ def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     assert "HOST-BOUND" not in done.stdout and "harness compare: warning" not in done.stderr
 
 
-# -- models parallelised with emulate= (all figures here are emulated devices', DESIGN.md) --------------
+# -- models parallelised with emulate= (all figures here are emulated devices', docs/design.md, "Emulated devices")
 @pytest.mark.parametrize("name", ["dense_bn", "activity"])
 @pytest.mark.parametrize("method", METHODS)
 def test_emulated_devices_stay_exact(logical_devices, any_keras, method, name):

@@ -19,7 +19,7 @@ from keras_models import (
 )
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 SPLITS = {"even": [1, 1, 1], "3:2": [3, 2], "1:3": [1, 3], "5:3:2": [5, 3, 2]}
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import harness
+from harness.bench.workloads import small
 from harness.equivalence import EquivalenceReport, WeightDiff
-from harness.workloads import small
 
 
 def _momentum_sgd():

@@ -1,7 +1,7 @@
 """The checker must catch the bug class we exist for: Keras fit on uneven replicas.
 
-DESIGN.md: Keras 3 ``fit`` under MirroredStrategy with a 60/40 split drifted
-0.042 from single-device training in one epoch, because each replica's mean
+docs/design.md, "Keras fit on uneven replicas": Keras 3 ``fit`` under MirroredStrategy with a
+60/40 split drifted 0.042 from single-device training in one epoch, because each replica's mean
 loss is scaled by 1/num_replicas whatever its sample count. Keras 3 only: the naive path reaches
 into Keras 3's fit (``_symbolic_build``).
 """

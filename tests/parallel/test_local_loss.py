@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.testing import assert_equivalent
+from harness import assert_equivalent
 
 
 def _data(n=96, seed=0):

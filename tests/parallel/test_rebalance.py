@@ -28,7 +28,7 @@ _THROTTLED = """
 import json, sys, harness
 devices = harness.use_logical_devices(2, inter_op_threads=4)
 from harness.emulate import EmulatedDevice
-from harness.runner import RunConfig, host_bound, run_one
+from harness.bench.runner import RunConfig, host_bound, run_one
 method, every = sys.argv[1], None if sys.argv[2] == "none" else int(sys.argv[2])
 factor = float(sys.argv[3])
 r = run_one(RunConfig("mnist_maxing", "tiny", method, devices, (200, 200), seconds=1.0 / factor, windows=6,
@@ -85,7 +85,7 @@ _AUTO = """
 import importlib, json, sys, harness
 devices = harness.use_logical_devices(2, inter_op_threads=4)
 from harness.parallel.rebalance import is_rebalance
-from harness.workloads import small
+from harness.bench.workloads import small
 k, method = importlib.import_module(sys.argv[1]), sys.argv[2]  # keras, or a Keras 2 module (tf_keras)
 made = []
 

@@ -2,7 +2,7 @@
 
 ``harness check --methods keras`` reports how far stock training lands from
 one device and never fails for it (it is the baseline); ``harness run
---method keras`` runs it on emulated devices as well (``harness.stock``).
+--method keras`` runs it on emulated devices as well (``harness.bench.stock``).
 """
 
 import json
@@ -24,7 +24,7 @@ def test_check_reports_the_stock_baseline_without_failing_for_it(tmp_path):
 
 
 def test_the_stock_split_must_be_even():
-    from harness.stock import keras
+    from harness.bench.stock import keras
 
     with pytest.raises(ValueError, match=r"splits every batch evenly; got ratios=\[3, 2\]"):
         keras(None, ["/device:CPU:0", "/device:CPU:1"], [3, 2])

@@ -12,9 +12,9 @@ from tf_process import run_harness, run_python
 
 _PROBE = """
 import json, harness
-from harness import workloads
+from harness.bench import workloads
 from harness.emulate import EmulatedDevice
-from harness.tuning.probe import probe_device
+from harness.bench.tuning.probe import probe_device
 devices = harness.use_logical_devices(1, inter_op_threads=3)
 probe = probe_device(workloads.get("mnist_maxing"), "tiny", devices[0], emulate=EmulatedDevice(20000.0, {ceiling}),
                      start=16, min_seconds=0.02, tolerance=0.03)
@@ -52,7 +52,7 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     assert tuned["status"] == "complete" and tuned["efficiency"] > 0.9
     assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
     assert even["status"] == "complete" and even["efficiency"] < tuned["efficiency"]
-    # The stock baseline on the same even split (Keras fit under MirroredStrategy, harness.stock): the slow
+    # The stock baseline on the same even split (Keras fit under MirroredStrategy, harness.bench.stock): the slow
     # device paces it as it paces ours.
     stock = result["verify"]["keras"]
     assert stock["status"] == "complete" and stock["batches"] == even["batches"]

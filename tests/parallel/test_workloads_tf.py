@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from harness import workloads
-from harness.workloads.pipeline import is_starved, make_dataset, measure_input_rate
+from harness.bench import workloads
+from harness.bench.workloads.pipeline import is_starved, make_dataset, measure_input_rate
 
 NAMES = workloads.names()
 
-# Seed 002 states 41,157,101; keras.applications' ResNet50 at 1000 classes is 25,636,712.
+# Seed 002 (docs/background.md) states 41,157,101; keras.applications' ResNet50 at 1000 classes is 25,636,712.
 FULL_PARAMS = {"mnist_maxing": 78_923_530, "gru_stack": 5_779_584, "wide_mlp": 41_157_101, "resnet50": 25_636_712}
 
 # Steps of batch 64 for the loss to fall clearly: deep narrow stacks (tiny mnist_maxing, four GRU(16))

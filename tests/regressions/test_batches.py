@@ -2,7 +2,8 @@
 
 Guards: BatchNormalization turning weights NaN when the last batch does not fill every replica
 (keras-team/keras#11858, tensorflow/tensorflow#24320 with multi_gpu_model); empty replica slices
-injecting NaN into the loss (tensorflow/tensorflow#41657, #36224); seed 002's uneven split.
+injecting NaN into the loss (tensorflow/tensorflow#41657, #36224); batches that do not divide evenly
+across devices, on which seed 002's ``make_parallel`` fails (as seed 004 reports; docs/background.md).
 On Keras 3 and Keras 2 models (the ``any_keras`` fixture; Keras 2 where installed).
 """
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 METHODS = ["towers", "mirrored"]
 

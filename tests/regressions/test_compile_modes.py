@@ -11,7 +11,7 @@ and Keras 2 models (``any_keras``); "auto" is Keras 3's alone (Keras 2 has none)
 import pytest
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])

@@ -1,7 +1,8 @@
 """Counting and describing GPUs starts no TensorFlow and takes no GPU memory.
 
-Guards: seed 003 (listing devices through TensorFlow creates a context that grabs memory on every
-GPU); the harness's own rule that `import harness` and `harness --help` never import TensorFlow.
+Guards: seed 003, tip 5 (docs/background.md: listing devices through TensorFlow creates a context
+that grabs memory on every GPU); the harness's own rule that `import harness` and `harness --help`
+never import TensorFlow.
 """
 
 import json
@@ -14,9 +15,9 @@ import pytest
 CHILD = """
 import json, os, sys
 import harness
-from harness import nvml
-from harness.environment import fingerprint
-from harness.testing import gpu_count
+from harness.bench import nvml
+from harness.bench.environment import fingerprint
+from harness.devices import gpu_count
 count = gpu_count()
 gpus = nvml.gpus()
 env = fingerprint(import_tf=False)
@@ -46,7 +47,7 @@ def test_the_child_check_can_fail():
 
 @pytest.mark.gpu
 def test_counting_gpus_allocates_no_gpu_memory():
-    import pynvml  # the test reads the driver's process table directly, not through harness.nvml
+    import pynvml  # the test reads the driver's process table directly, not through harness.bench.nvml
 
     holder = subprocess.Popen([sys.executable, "-c", CHILD + "import time; time.sleep(5)"], stdout=subprocess.PIPE,
                               text=True)

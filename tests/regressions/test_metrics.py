@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 
 def _count_samples(k):

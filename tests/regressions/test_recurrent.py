@@ -1,8 +1,8 @@
 """GRU and LSTM stacks learn as well in parallel as on one device.
 
-Guards: seed 001 (a 4 x GRU(512) model's accuracy halved on 2 GPUs with multi_gpu_model:
-0.51 -> 0.21 at batch 128); recurrent state or masks split wrongly across replicas. On Keras 3 and
-Keras 2 models (the ``any_keras`` fixture; Keras 2 where installed).
+Guards: seed 001 (docs/background.md; a 4 x GRU(512) model's accuracy halved on 2 GPUs with
+multi_gpu_model: 0.51 -> 0.21 at batch 128); recurrent state or masks split wrongly across
+replicas. On Keras 3 and Keras 2 models (the ``any_keras`` fixture; Keras 2 where installed).
 """
 
 import numpy as np

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import harness
-from harness.workloads import small
+from harness.bench.workloads import small
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])

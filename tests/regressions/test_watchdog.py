@@ -1,8 +1,9 @@
 """A hung collective becomes a reported failure within the timeout, not a hung CI job.
 
-Guards: seed 001 ("the system crashed without warning when I used 2 GPUs" on TF 1.10/1.12);
-collectives that never complete when a replica stalls (tensorflow/tensorflow#36224-style hangs,
-two strategies sharing collective keys: see harness/parallel/mirrored.py).
+Guards: seed 001 (docs/background.md: "the system crashed without warning when I used 2 GPUs" on
+TF 1.10/1.12); collectives that never complete when a replica stalls
+(tensorflow/tensorflow#36224-style hangs, two strategies sharing collective keys: see
+harness/parallel/collective.py).
 """
 
 import io

@@ -85,7 +85,7 @@ def test_meaningful_combinations_run(common, method, split, count):
 
 
 def test_ci_splits_come_from_the_emulated_devices(common):
-    from harness.tuning.solver import StepModel, predict
+    from harness.bench.tuning.solver import StepModel, predict
 
     grid = common.GRIDS["ci"]
     profiles = common.device_profiles(grid)

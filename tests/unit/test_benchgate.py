@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.benchgate import Row, Verdict, exit_status, higher_is_better, judge, markdown
+from harness.ci.benchgate import Row, Verdict, exit_status, higher_is_better, judge, markdown
 
 _STATS = ({"repeat": 10}, [0.0] * 10)
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness import compat_report
+from harness.ci import compat_report
 from harness.cli import main
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -97,7 +97,8 @@ def test_junit_files_carry_the_versions(tmp_path):
     test = tmp_path / "test_one.py"
     test.write_text("def test_ok():\n    pass\n")
     xml = tmp_path / "out.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", str(test)],
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
+                    f"--junitxml={xml}", str(test)],
                    check=True, capture_output=True, cwd=tmp_path)
     result = compat_report.read_junit(xml)
     assert result.versions["python"].count(".") == 2 and "tensorflow" in result.versions

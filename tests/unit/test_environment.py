@@ -1,4 +1,4 @@
-"""harness.environment and ``harness env``: a JSON fingerprint that never raises and keeps TF out."""
+"""harness.bench.environment and ``harness env``: a JSON fingerprint that never raises and keeps TF out."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import harness
-from harness import environment, nvml
+from harness.bench import environment, nvml
+from harness.bench.environment import fingerprint, format_fingerprint
 from harness.cli import env as env_cli
 from harness.compat import flavour_of
-from harness.environment import fingerprint, format_fingerprint
 
 
 def _python(code: str) -> str:
@@ -25,7 +25,7 @@ def _python(code: str) -> str:
 
 
 def test_without_tf_imports_no_tensorflow():
-    code = ("import harness.environment as e, sys, json; json.dumps(e.fingerprint(import_tf=False)); "
+    code = ("import harness.bench.environment as e, sys, json; json.dumps(e.fingerprint(import_tf=False)); "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')")
     assert _python(code).strip() == "ok"
 
@@ -33,7 +33,7 @@ def test_without_tf_imports_no_tensorflow():
 def test_with_tf_reads_the_build_and_creates_no_context():
     pytest.importorskip("tensorflow")
     code = (
-        "import harness.environment as e, json\n"
+        "import harness.bench.environment as e, json\n"
         "fp = e.fingerprint(import_tf=True)\n"
         "from tensorflow.python.eager import context\n"
         "ctx = context.context_safe()\n"

@@ -21,9 +21,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-import harness.testing
+import harness.pytest_plugin
 from harness.devices import GPU_CONTEXT_MIB, gpu_memory_limit_mb, use_device_layout
-from harness.testing import plan_gpu_split, runs_gpu_layout_first, xdist_workers
+from harness.pytest_plugin import plan_gpu_split, runs_gpu_layout_first, xdist_workers
 
 pytest_plugins = ["pytester"]
 
@@ -162,7 +162,7 @@ def test_device_layout_on_this_machine_in_a_fresh_process():
 # Stands in for TensorFlow's device set-up: records that (and before which test) it ran.
 _LAYOUT_CONFTEST = """
 import pytest
-from harness.testing import TestDevices
+from harness.pytest_plugin import TestDevices
 
 @pytest.fixture(scope="session")
 def harness_device_layout(request):
@@ -193,10 +193,11 @@ def test_multi_gpu(gpu_devices):
 
 def _run(pytester, monkeypatch, gpus: int, *args: str, layout_gpus=("/device:GPU:0", "/device:GPU:1"),
          problem=None, tests: str = _TESTS):
-    monkeypatch.setattr(harness.testing, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(harness.pytest_plugin, "gpu_count", lambda: gpus)
     pytester.makeconftest(_LAYOUT_CONFTEST.format(gpus=tuple(layout_gpus), problem=problem))
     pytester.makepyfile(test_plugin_rules=tests)
-    return pytester.runpytest("-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "-s", *args)
+    return pytester.runpytest("-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "-s",
+                              *args)
 
 
 def _skip_reasons(result) -> dict[str, str]:
@@ -280,9 +281,10 @@ def test_the_real_layout_where_the_driver_shows_a_gpu_tensorflow_cannot_use(tmp_
         def test_gpus(gpu_devices):
             pass
     """))
-    code = ("import sys, pytest, harness.testing\n"
-            "harness.testing.gpu_count = lambda: 1  # what the driver would say on a GPU machine\n"
-            "sys.exit(pytest.main(['-p', 'no:cacheprovider', '-p', 'no:xdist', '-q', 'test_real.py']))")
+    code = ("import sys, pytest, harness.pytest_plugin\n"
+            "harness.pytest_plugin.gpu_count = lambda: 1  # what the driver would say on a GPU machine\n"
+            "sys.exit(pytest.main(['-p', 'harness.pytest_plugin', '-p', 'no:cacheprovider', '-p', 'no:xdist', '-q',\n"
+            "                      'test_real.py']))")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"})
     # "2 passed, 1 warning, 1 error" where harness is installed (tox): imported here before pytest.main,

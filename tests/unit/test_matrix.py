@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.matrix import load_matrix, newest, tox_deps
+from harness.ci.matrix import load_matrix, newest, tox_deps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,16 +78,16 @@ def test_bad_matrix_files_name_the_problem(tmp_path, text, message):
 
 
 def test_the_bake_file_is_the_one_generated_from_the_matrix():
-    from harness.matrix import bake_file
+    from harness.ci.matrix import bake_file
 
     committed = (ROOT / "docker" / "docker-bake.hcl").read_text()
     assert committed == bake_file(load_matrix()), (
-        "docker/docker-bake.hcl is stale: python -m harness.matrix bake > docker/docker-bake.hcl")
+        "docker/docker-bake.hcl is stale: python -m harness.ci.matrix bake > docker/docker-bake.hcl")
 
 
 def test_the_bake_file_parses_as_hcl_with_one_target_per_entry_and_variant():
     hcl2 = pytest.importorskip("hcl2")
-    from harness.matrix import build_args
+    from harness.ci.matrix import build_args
 
     with open(ROOT / "docker" / "docker-bake.hcl") as f:
         parsed = hcl2.load(f)
@@ -103,7 +103,7 @@ def test_the_bake_file_parses_as_hcl_with_one_target_per_entry_and_variant():
 
 def test_the_bake_check_fails_when_the_matrix_moves(tmp_path):
     # the guard above, shown failing: a TF bump in the matrix without regenerating the bake file
-    from harness.matrix import bake_file
+    from harness.ci.matrix import bake_file
 
     text = (ROOT / "docker" / "matrix.toml").read_text().replace('tensorflow = "2.20.0"', 'tensorflow = "2.20.1"')
     moved = tmp_path / "matrix.toml"
@@ -112,7 +112,7 @@ def test_the_bake_check_fails_when_the_matrix_moves(tmp_path):
 
 
 def test_build_args_pin_the_variant_and_keras_of_each_entry():
-    from harness.matrix import build_args
+    from harness.ci.matrix import build_args
 
     entries = {e.name: e for e in load_matrix()}
     legacy = build_args(entries["legacy"], "gpu")
@@ -127,7 +127,7 @@ def test_build_args_pin_the_variant_and_keras_of_each_entry():
 
 
 def test_the_dockerfile_declares_every_build_arg():
-    from harness.matrix import build_args
+    from harness.ci.matrix import build_args
 
     text = (ROOT / "docker" / "Dockerfile").read_text()
     for key in [*build_args(load_matrix()[0]), "OFFLINE"]:
@@ -135,7 +135,7 @@ def test_the_dockerfile_declares_every_build_arg():
 
 
 def test_matrix_module_cli_prints_json_and_build_args(capsys):
-    from harness.matrix import main
+    from harness.ci.matrix import main
 
     assert main(["json"]) == 0
     assert [e["name"] for e in json.loads(capsys.readouterr().out)] == [e.name for e in load_matrix()]

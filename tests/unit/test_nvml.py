@@ -1,4 +1,4 @@
-"""harness.nvml: GPU listing in CUDA order, field-by-field degradation, telemetry sampler.
+"""harness.bench.nvml: GPU listing in CUDA order, field-by-field degradation, telemetry sampler.
 
 Every scenario swaps in a small fake ``pynvml`` through ``monkeypatch.setitem(sys.modules, ...)``,
 so nothing leaks between tests and the real library is never patched.
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import nvml
-from harness.nvml import NvmlDevice, NvmlWarning, TelemetrySampler, map_visible_devices
+from harness.bench import nvml
+from harness.bench.nvml import NvmlDevice, NvmlWarning, TelemetrySampler, map_visible_devices
 
 H100 = "NVIDIA H100 80GB HBM3"
 UUIDS = ["GPU-aaaa1111-0000-0000-0000-000000000000", "GPU-bbbb2222-0000-0000-0000-000000000000",
@@ -31,7 +31,7 @@ class FakeGpu:
 
 
 def make_pynvml(gpus, *, init_error=None, unsupported=()):
-    """A stand-in for the ``pynvml`` module: the calls harness.nvml makes, nothing else."""
+    """A stand-in for the ``pynvml`` module: the calls harness.bench.nvml makes, nothing else."""
     lib = types.ModuleType("pynvml")
 
     class NVMLError(Exception):
@@ -112,7 +112,7 @@ def use(monkeypatch):
 
 
 def test_importing_the_module_imports_no_pynvml_and_no_tensorflow():
-    code = "import sys, harness.nvml; print('pynvml' in sys.modules, 'tensorflow' in sys.modules)"
+    code = "import sys, harness.bench.nvml; print('pynvml' in sys.modules, 'tensorflow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
 
@@ -314,7 +314,7 @@ def test_sampler_skips_unknown_indices_with_a_warning(use, recwarn):
     assert "[5]" in message
 
 
-@pytest.mark.filterwarnings("ignore::harness.nvml.NvmlWarning")
+@pytest.mark.filterwarnings("ignore::harness.bench.nvml.NvmlWarning")
 def test_sampler_arguments_and_single_start(use):
     use(None)
     with pytest.raises(ValueError, match="interval=0"):

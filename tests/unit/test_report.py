@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.report import bar_chart, curve_chart, format_table, ratio_to_best
+from harness.bench.report import bar_chart, curve_chart, format_table, ratio_to_best
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -77,7 +77,7 @@ def test_describe_one_history_entry():
 
 
 def test_capped_split_never_crosses_a_ceiling():
-    # Seed 000's 1080 ran out of memory at 710: a re-split must not put 771 samples there.
+    # Seed 000's 1080 (docs/background.md) ran out of memory at 710: a re-split must not put 771 samples there.
     assert split_batch(1388, [700, 875]) == (617, 771)
     assert capped_split(1388, [700, 875], [1100, 700]) == (688, 700)
     assert capped_split(1388, [1345, 875], [None, None]) == split_batch(1388, [1345, 875])

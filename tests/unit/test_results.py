@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import (
+from harness.bench.results import (
     cleanup_temp,
     default_results_dir,
     load_records,
@@ -195,7 +195,7 @@ PAYLOAD_CHARS = 4_000_000  # several MB, so that most of the writer's time is sp
 
 ATOMIC_WRITER = f"""
 import sys
-from harness.results import new_record, write_record
+from harness.bench.results import new_record, write_record
 record = new_record("run", {{"ratios": [3, 2]}}, {{"host": "test"}})
 record["id"] = "20260101T000000Z-000000"
 record["windows"] = [{{"window": i, "samples_per_s": 1000.0 + i}} for i in range(2000)]

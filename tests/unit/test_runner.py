@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from harness.bench.measure import Window
+from harness.bench.nvml import FieldStats
+from harness.bench.runner import RunConfig, _summary, _window_record, gpu_index, host_bound
 from harness.emulate import EmulatedDevice, Emulator, Event
-from harness.measure import Window
-from harness.nvml import FieldStats
-from harness.runner import RunConfig, _summary, _window_record, gpu_index, host_bound
 
 
 class _FakeTelemetry:

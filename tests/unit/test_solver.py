@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from harness.tuning.solver import StepModel, best_split, fit_step_model, predict, solve_split
+from harness.bench.tuning.solver import StepModel, best_split, fit_step_model, predict, solve_split
 
 
 def brute_force(models, ceilings, global_batch):
@@ -20,7 +20,8 @@ def brute_force(models, ceilings, global_batch):
 
 
 def test_proportional_split_without_fixed_cost():
-    # Seed 000's cards: 1345 and 875 samples/s; 1388 samples split 841/547 (the seed found 820/568 by hand).
+    # Seed 000's cards (docs/background.md): 1345 and 875 samples/s; 1388 samples split 841/547
+    # (the seed found 820/568 by hand).
     split = solve_split([StepModel(0, 1 / 1345), StepModel(0, 1 / 875)], [1100, 700], 1388)
     assert split.batches == (841, 547)
     assert split.samples_per_second == pytest.approx(2220, rel=1e-3)

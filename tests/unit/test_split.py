@@ -11,7 +11,7 @@ from harness.split import validate_ratios
 
 
 def test_seed_000_ratio_gives_the_promised_58_42():
-    # Seed 000 floors each share and gets 57/43 where its README promises 58/42.
+    # Seed 000's code (docs/background.md) floors each share and gets 57/43 where its README promises 58/42.
     assert split_batch(100, [768, 560]) == (58, 42)
 
 

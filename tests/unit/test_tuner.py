@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.tuning.probe import DeviceProbe, Point, _OutOfMemory
-from harness.tuning.tuner import _even_solo, _memory_ceilings
+from harness.bench.tuning.probe import DeviceProbe, Point, _OutOfMemory
+from harness.bench.tuning.tuner import _even_solo, _memory_ceilings
 
 
 class _Split:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.matrix import load_matrix, newest
+from harness.ci.matrix import load_matrix, newest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -136,8 +136,8 @@ def ci_matrix_problems(text: str) -> list[str]:
 
 
 def gpu_matrix_problems(text: str) -> list[str]:
-    """gpu.yml's jobs: one per entry of `python -m harness.matrix json`, on the self-hosted GPU runners."""
-    problems = [] if "python -m harness.matrix json" in text else ["the matrix does not come from harness.matrix"]
+    """gpu.yml's jobs: one per entry of `python -m harness.ci.matrix json`, on the self-hosted GPU runners."""
+    problems = [] if "python -m harness.ci.matrix json" in text else ["the matrix does not come from harness.ci.matrix"]
     gpu = _load(text)["jobs"].get("gpu", {})
     entry = str(gpu.get("strategy", {}).get("matrix", {}).get("entry", ""))
     if gpu.get("needs") != "matrix" or not _FROM_MATRIX_JOB.fullmatch(entry):
@@ -197,7 +197,7 @@ def test_gpu_jobs_come_from_the_matrix_file():
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf221, tf215]", "legacy entry"),
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf220, legacy, tf215]", "newest entry tf221"),
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf221, legacy, tf216]", "oldest entry tf215"),
-        (gpu_matrix_problems, "gpu.yml", "python -m harness.matrix json", "cat entries.json", "not come from"),
+        (gpu_matrix_problems, "gpu.yml", "python -m harness.ci.matrix json", "cat entries.json", "not come from"),
         (gpu_matrix_problems, "gpu.yml", "fromJSON(needs.matrix.outputs.entries)", "fromJSON('[]')", "fromJSON"),
         (gpu_matrix_problems, "gpu.yml", "runs-on: [self-hosted, linux, x64, gpu]", "runs-on: ubuntu-latest",
          "ubuntu-latest"),

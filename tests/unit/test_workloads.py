@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from harness import workloads
-from harness.workloads import Labels
-from harness.workloads.pipeline import InputRate, default_pool_size, is_starved
+from harness.bench import workloads
+from harness.bench.workloads import Labels
+from harness.bench.workloads.pipeline import InputRate, default_pool_size, is_starved
 
 SEEDED = ("mnist_maxing", "gru_stack", "wide_mlp", "resnet50")
 NAMES = (*SEEDED, "mlp_head10", "mlp_head8192", "tagger1024")
@@ -25,18 +25,19 @@ def _classes(workload, y):
 
 
 def test_names_are_the_seed_workloads_in_seed_order_then_the_overhead_models():
+    # source: the seed document (docs/background.md) a workload comes from; "" for harness' own
     assert workloads.names() == NAMES
-    assert [workloads.get(n).seed for n in NAMES] == ["000", "001", "002", "004", "", "", ""]
+    assert [workloads.get(n).source for n in NAMES] == ["000", "001", "002", "004", "", "", ""]
 
 
 def test_names_and_shapes_import_no_tensorflow():
     # The CLI builds its argparse choices from names(), and `harness --help` must not load TensorFlow.
     code = (
         "import sys\n"
-        "from harness import workloads\n"
+        "from harness.bench import workloads\n"
         "workloads.names(); w = workloads.get('resnet50'); w.input_shape('full'); w.sample_bytes('tiny')\n"
         "workloads.get('wide_mlp').make_data('tiny', 4)\n"
-        "import harness.workloads.pipeline\n"
+        "import harness.bench.workloads.pipeline\n"
         "print('tensorflow' in sys.modules, 'keras' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

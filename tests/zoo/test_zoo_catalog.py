@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from harness import zoo
+from harness.bench import zoo
 from harness.split import validate_ratios
 
 REQUIRED_SOURCES = ("MobileNetV2", "MobileNetV3Small", "ResNet50", "EfficientNetB0", "DenseNet121", "ConvNeXtTiny")
@@ -75,7 +75,7 @@ def test_select_and_generations_reject_unknown_names():
 
 
 def test_importing_the_zoo_does_not_import_tensorflow():
-    code = ("import sys, harness.zoo as z; z.CATALOG[0].data(); "
+    code = ("import sys, harness.bench.zoo as z; z.CATALOG[0].data(); "
             "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.split() == ["False", "False"]

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from harness import zoo
+from harness.bench import zoo
 from harness.cli import main
 
 MODELS = ["subclassed_mlp", "imbalanced_class_weight"]  # two of the fast subset

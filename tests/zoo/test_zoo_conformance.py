@@ -9,7 +9,7 @@ under the ``zoo`` marker (``--run-zoo`` or ``-m zoo``).
 
 import pytest
 
-from harness import zoo
+from harness.bench import zoo
 
 FAST = [e.name for e in zoo.select(fast_only=True)]
 SPLITS = list(zoo.SPLITS)

@@ -4,14 +4,14 @@ Issue 15, point 4: on GPU runners the zoo runs on GPUs too, where cuBLAS/cuDNN k
 TensorFloat-32) sum in other orders than the CPU does. Each case must conform exactly as on
 logical CPUs (``_assert_conforms``: a passing verdict or a refusal naming its reason, never FAIL).
 The devices are the physical GPUs, or on a one-GPU runner GPU 0 split into three logical GPUs
-(``harness.testing.plan_gpu_split``); without a GPU every test here is skipped (marker
+(``harness.pytest_plugin.plan_gpu_split``); without a GPU every test here is skipped (marker
 ``multi_gpu``). The fast subset runs in the default suite, the whole zoo under ``zoo`` as on CPUs.
 """
 
 import pytest
 from test_zoo_conformance import FAST_CASES, SPLITS, WHOLE, _assert_conforms, _keras
 
-from harness import zoo
+from harness.bench import zoo
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -59,7 +59,7 @@ def test_ratio_split_on_two_gpus_trains_exactly(gpu_devices, method):
     # Ampere and newer) rounds matmul inputs to 10 bits, so "exact" at 1e-6 is not expected there: the
     # float64 reference tells that rounding from drift.
     from harness import compare_training
-    from harness.workloads import small
+    from harness.bench.workloads import small
 
     devices = gpu_devices[:2]
     x, y, _ = small.make_data("dense", 37)

@@ -1,0 +1,427 @@
+"""One throughput run: config -> workload -> parallel model -> timed windows -> result.
+
+``harness run`` makes one run, ``harness compare`` several in one process, asv
+and the tuner call ``run_one`` too, so a samples/s figure means the same thing
+everywhere. Per-device figures are measured where the machine can measure them:
+emulated devices report their busy time, GPUs their NVML telemetry; logical CPU
+devices have no per-device measurement and say so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+from harness.emulate import EmulatedDevice
+from harness.parallel import METHODS as METHODS_OF_PARALLEL
+from harness.parallel import Method
+
+__all__ = ["RunMethod", "RunConfig", "run_one", "build_model", "gpu_index", "host_bound", "SOURCES"]
+
+SOURCES = {
+    "emulated": "emulated device: its own busy time (begin/end of its slice)",
+    "nvml": "NVML, sampled at 10 Hz in the background",
+    "share": "share of the measured total (logical CPU: no per-device measurement)",
+}
+
+
+class RunMethod(str, Enum):
+    """How one run spreads its batch: ``single`` (harness' model on one device), the parallel methods
+    (``harness.parallel.Method``), and ``keras``, the stock baseline (Keras fit alone on one device, or
+    under a MirroredStrategy on an even split)."""
+
+    SINGLE = "single"
+    TOWERS = Method.TOWERS.value
+    MIRRORED = Method.MIRRORED.value
+    KERAS = "keras"
+
+
+# RunMethod names Method's members one by one (so that type checkers see them): it must list them all, in order.
+if tuple(m.value for m in RunMethod)[1:-1] != tuple(m.value for m in Method):
+    raise AssertionError(f"RunMethod {[m.value for m in RunMethod]} must list every harness.parallel.Method "
+                         f"{[m.value for m in Method]} between 'single' and 'keras'")
+
+#: the methods a parallel run can use (several devices), and every method of a run
+PARALLEL_METHODS = METHODS_OF_PARALLEL
+METHODS = tuple(m.value for m in RunMethod)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What one run trains, where, and how long it is timed.
+
+    ``batches`` are per-device batch sizes, as seed 000's (docs/background.md) ``--batches 820 568``;
+    the global batch is their sum and the split ratios are the batches themselves.
+
+    ``rebalance_every`` trains with ``harness.Rebalance(every=...)``: the batches
+    are then the starting split, and each window records the devices' batches
+    at its end. ``throttle`` entries ``(device_index, rate, at_step)`` change an
+    emulated device's rate (samples/s) before training step ``at_step``
+    (counted from 0, warm-up steps included): a card that throttles mid-run.
+    """
+
+    model: str
+    size: str
+    method: str
+    devices: tuple[str, ...]
+    batches: tuple[int, ...]
+    seconds: float = 5.0
+    windows: int = 3
+    warmup_steps: int = 2
+    emulate: tuple[EmulatedDevice, ...] | None = None
+    input_delay_ms: float = 0.0
+    seed: int = 0
+    label: str = ""
+    notes: tuple[str, ...] = field(default=())
+    rebalance_every: int | None = None
+    throttle: tuple[tuple[int, float, int], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "devices", tuple(self.devices))
+        object.__setattr__(self, "batches", tuple(self.batches))
+        object.__setattr__(self, "throttle", tuple(
+            tuple(entry) if isinstance(entry, (list, tuple)) else entry for entry in self.throttle))
+        if self.emulate is not None:
+            object.__setattr__(self, "emulate", tuple(self.emulate))
+        self.validate()
+
+    @property
+    def batch(self) -> int:
+        return sum(self.batches)
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` naming the first bad field."""
+        from harness.bench import workloads
+
+        workloads.get(self.model)
+        workloads.check_size(self.size)
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if not self.devices:
+            raise ValueError("a run needs at least one device")
+        if self.method == RunMethod.SINGLE and len(self.devices) != 1:
+            raise ValueError(f"method 'single' runs on exactly one device; got {len(self.devices)}: {self.devices}")
+        if len(self.batches) != len(self.devices):
+            raise ValueError(
+                f"need one batch size per device: {len(self.devices)} devices {list(self.devices)} but "
+                f"{len(self.batches)} batches {list(self.batches)}"
+            )
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
+            raise ValueError(f"per-device batch sizes must be ints >= 1; got batches={list(self.batches)}")
+        if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"seconds per window must be > 0; got seconds={self.seconds!r}")
+        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
+            raise ValueError(f"windows must be an int >= 1; got windows={self.windows!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be an int >= 1; got warmup_steps={self.warmup_steps!r}")
+        if self.emulate is not None and len(self.emulate) != len(self.devices):
+            raise ValueError(
+                f"need one emulated device per device: {len(self.devices)} devices but {len(self.emulate)} "
+                f"--emulate entries"
+            )
+        self._validate_rebalance()
+        self._validate_stock()
+
+    def _validate_stock(self) -> None:
+        if self.method != RunMethod.KERAS:
+            return
+        if len(set(self.batches)) > 1:
+            even = sum(self.batches) // len(self.batches)
+            raise ValueError(
+                f"method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
+                f"{list(self.batches)}: use {len(self.batches)} equal batches such as {[even] * len(self.batches)}")
+
+    def _validate_rebalance(self) -> None:
+        every = self.rebalance_every
+        if every is not None:
+            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+                raise ValueError(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
+                                 f"{every!r}")
+            if self.method not in PARALLEL_METHODS:
+                raise ValueError(f"rebalance_every needs a parallel method (towers or mirrored); got method "
+                                 f"{self.method!r}")
+        for entry in self.throttle:
+            check_throttle(entry, len(self.devices))
+            if self.emulate is None:
+                raise ValueError(f"throttle changes an emulated device's rate: it needs emulate=...; got "
+                                 f"throttle={[list(t) for t in self.throttle]} without emulated devices")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["emulate"] = None if self.emulate is None else [e.to_json() for e in self.emulate]
+        out["throttle"] = [{"device": i, "rate": rate, "at_step": step} for i, rate, step in self.throttle]
+        out["batch"] = self.batch
+        return out
+
+
+def check_throttle(entry, devices: int) -> tuple[int, float, int]:
+    """Checks one ``(device_index, rate, at_step)`` throttle entry for ``devices`` devices; returns it.
+
+    Raises:
+        ValueError: naming the entry: not three values, index out of range, rate not positive, step < 0.
+    """
+    if not isinstance(entry, tuple) or len(entry) != 3:
+        raise ValueError(f"a throttle entry is (device_index, rate, at_step); got {entry!r}")
+    index, rate, step = entry
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < devices:
+        raise ValueError(f"throttle device index must be 0..{devices - 1} ({devices} devices); got {index!r} in "
+                         f"{entry!r}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"throttle rate must be a positive number of samples/s; got {rate!r} in {entry!r}")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"throttle step must be an int >= 0; got {step!r} in {entry!r}")
+    return entry
+
+
+def run_one(
+    config: RunConfig,
+    *,
+    telemetry=None,
+    on_window: Callable[[dict], None] | None = None,
+    on_step: Callable[[str | int, int, float], None] | None = None,
+) -> dict:
+    """Trains ``config``'s workload for its windows and returns the measured result.
+
+    Args:
+        config: what to run.
+        telemetry: a started ``harness.bench.nvml.TelemetrySampler`` for GPU devices.
+        on_window: called with each finished window's dict (progress, saving).
+        on_step: passed to ``harness.bench.measure.window_callback`` (live progress).
+
+    Returns:
+        ``{"config", "status" ("complete" | "oom"), "windows", "summary", "input", "error"}``,
+        plus ``"rebalance"`` (``Rebalance.history``) when rebalancing.
+        Out-of-memory (real or emulated) is a result, not an exception.
+        ``summary["host_bound"]`` lists the emulated devices this host could
+        not slow down to their rates (``host_bound(result)``): their figures
+        are the host's speed, not the emulation's.
+    """
+    import tensorflow as tf
+
+    from harness.bench import workloads
+    from harness.bench.measure import window_callback
+    from harness.bench.workloads import pipeline
+
+    workload = workloads.get(config.model)
+    model = build_model(config, workload)
+    emulator = getattr(model, "emulator", None)  # a stock Keras model (method 'keras') has none
+    dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
+                                    input_delay_ms=config.input_delay_ms)
+    result: dict[str, Any] = {"config": config.to_json(), "status": "running", "windows": [], "summary": None,
+                              "input": None, "error": None}
+    extra = _extra_callbacks(config, model)
+    history = extra[-1].history if config.rebalance_every is not None else None
+    if history is not None:
+        result["rebalance"] = history
+
+    def finished(window):
+        record = _window_record(window, config, emulator, telemetry, _current_batches(config, model))
+        if history is not None:
+            seen = sum(len(w["resplits"]) for w in result["windows"])
+            record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
+        result["windows"].append(record)
+        if on_window is not None:
+            on_window(result["windows"][-1])
+
+    callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
+                               warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
+    try:
+        with _placement(config):
+            model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback],
+                      shuffle=False)
+    except tf.errors.ResourceExhaustedError as err:
+        result.update(status="oom", error=_oom_line(err))
+        return result
+    result["status"] = "complete"
+    result["summary"] = _summary(result["windows"])
+    rate = pipeline.measure_input_rate(dataset, config.batch, seconds=min(0.5, config.seconds))
+    train = result["summary"]["samples_per_second"]["median"]
+    result["input"] = {"samples_per_second": rate.samples_per_second,
+                       "starved": bool(train and pipeline.is_starved(rate.samples_per_second, train))}
+    return result
+
+
+def build_model(config: RunConfig, workload=None):
+    """``config``'s model, parallelized and compiled as ``run_one`` trains it (asv's step timings use it too).
+
+    Args:
+        config: what to build: model, size, method, devices, batches (the split ratios), emulated devices.
+        workload: ``harness.bench.workloads.get(config.model)``, if already looked up.
+    """
+    from harness.bench import workloads
+    from harness.parallel import parallelize
+
+    workload = workloads.get(config.model) if workload is None else workload
+    if config.method == RunMethod.KERAS:
+        return _stock_model(config, workload)
+    template = workload.build(config.size, seed=config.seed)
+    method = "towers" if config.method == RunMethod.SINGLE else config.method
+    model = parallelize(template, list(config.devices), ratios=list(config.batches), method=method,
+                        emulate=config.emulate)
+    model.compile(optimizer=workload.optimizer(), loss=workload.loss())
+    return model
+
+
+def _placement(config: RunConfig):
+    """Where a stock model on one device runs its step (Keras places it itself otherwise)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    if config.method == RunMethod.KERAS and len(config.devices) == 1:
+        return tf.device(config.devices[0])
+    return contextlib.nullcontext()
+
+
+def _stock_model(config: RunConfig, workload):
+    """The stock baseline (``harness.bench.stock``): the workload's model as Keras trains it, no harness in its step."""
+    from harness.bench.stock import stock_model
+    from harness.emulate import emulator_for
+
+    return stock_model(lambda: workload.build(config.size, seed=config.seed),
+                       lambda model: model.compile(optimizer=workload.optimizer(), loss=workload.loss()),
+                       config.devices, emulator_for(config.emulate, config.devices))
+
+
+def _extra_callbacks(config: RunConfig, model) -> list:
+    """The throttle and rebalance callbacks a config asks for (the rebalancer last)."""
+    callbacks = []
+    if config.throttle:
+        callbacks.append(_throttle_callback(config, model))
+    if config.rebalance_every is not None:
+        from harness.parallel.rebalance import Rebalance
+
+        callbacks.append(Rebalance(every=config.rebalance_every))
+    return callbacks
+
+
+def _throttle_callback(config: RunConfig, model):
+    import keras
+
+    pending = sorted(config.throttle, key=lambda entry: entry[2])
+
+    class _Throttle(keras.callbacks.Callback):
+        """Sets emulated rates before the configured training steps."""
+
+        def __init__(self):
+            super().__init__()
+            self.step = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            while pending and pending[0][2] <= self.step:
+                index, rate, _ = pending.pop(0)
+                model.emulator.set_rate(config.devices[index], rate)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+
+    return _Throttle()
+
+
+def _current_batches(config: RunConfig, model) -> tuple[int, ...]:
+    """The per-device batches now: the configured ones, or the rebalancer's latest split."""
+    if config.rebalance_every is None:
+        return config.batches
+    from harness.split import split_batch
+
+    return split_batch(config.batch, model.ratios)
+
+
+def _source(device: str, emulator, telemetry) -> str:
+    if emulator is not None and device in emulator.devices:
+        return "emulated"
+    if telemetry is not None and gpu_index(device) is not None:
+        return "nvml"
+    return "share"
+
+
+def gpu_index(device: str) -> int | None:
+    """The CUDA index in a GPU device name (`/device:GPU:1` -> 1), else None."""
+    match = re.search(r"GPU:(\d+)$", device, re.IGNORECASE)
+    return int(match.group(1)) if match else None
+
+
+def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None) -> dict:
+    """One window's figures; ``batches``: the devices' batches at its end (default: the config's).
+
+    When the batches changed during the window (rebalancing), a device's
+    samples/s counts the samples its logged steps did, not batch x steps.
+    Emulated devices also report the real work behind their busy time: how many
+    steps ran past their emulated deadline and the rate this host computed them
+    at; ``host_bound`` lists the devices whose figures are the host's speed.
+    """
+    busy = emulator.busy_between(window.start, window.end) if emulator is not None else {}
+    gpu_stats = telemetry.window(window.start, window.end) if telemetry is not None else {}
+    moving = batches is not None and config.rebalance_every is not None
+    devices = []
+    for device, batch in zip(config.devices, config.batches if batches is None else batches):
+        samples = busy[device].samples if moving and device in busy else batch * window.steps
+        row = {"device": device, "batch": batch, "samples_per_second": samples / window.seconds,
+               "source": _source(device, emulator, telemetry)}
+        if device in busy:
+            row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
+                       busy_rate=busy[device].rate)
+        if row["source"] == "emulated":
+            row.update(emulated_rate=emulator.devices[device].rate, logged_steps=busy[device].steps,
+                       late_steps=busy[device].late_steps, host_rate=busy[device].host_rate,
+                       host_bound=busy[device].host_bound)
+        stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None
+        if stats:
+            row["telemetry"] = {name: asdict(s) for name, s in stats.items()}
+        devices.append(row)
+    return {"index": window.index, "seconds": window.seconds, "steps": window.steps, "samples": window.samples,
+            "samples_per_second": window.samples_per_second, "devices": devices,
+            "host_bound": [d["device"] for d in devices if d.get("host_bound")]}
+
+
+def _summary(windows: Sequence[dict]) -> dict:
+    from harness.bench.results import summarize
+
+    out: dict[str, Any] = {"samples_per_second": summarize([w["samples_per_second"] for w in windows]), "devices": []}
+    for i, first in enumerate(windows[0]["devices"] if windows else []):
+        rows = [w["devices"][i] for w in windows]
+        # The last window's batch: the split a rebalanced run ended on (the same throughout otherwise).
+        entry = {"device": first["device"], "batch": rows[-1]["batch"], "source": first["source"],
+                 "samples_per_second": summarize([r["samples_per_second"] for r in rows])}
+        if "busy_fraction" in first:
+            entry["busy_fraction"] = summarize([r["busy_fraction"] for r in rows])
+            entry["busy_rate"] = summarize([r["busy_rate"] for r in rows if r["busy_rate"] is not None])
+        if "late_steps" in first:
+            entry.update(_host_figures(rows))
+        out["devices"].append(entry)
+    out["host_bound"] = [{"device": d["device"], "emulated_rate": d["emulated_rate"], "host_rate": d["host_rate"],
+                          "late_share": d["late_share"]} for d in out["devices"] if d.get("host_bound")]
+    return out
+
+
+def _host_figures(rows: Sequence[dict]) -> dict:
+    """An emulated device's steps over all windows: late share, the host's rate, host-bound or not."""
+    from harness.emulate import HOST_BOUND_SHARE
+
+    steps = sum(r["logged_steps"] for r in rows)
+    late = sum(r["late_steps"] for r in rows) / steps if steps else 0.0
+    rates = [r["host_rate"] for r in rows if r["host_rate"] is not None]
+    return {"emulated_rate": rows[-1]["emulated_rate"], "late_share": late,
+            "host_rate": statistics.median(rates) if rates else None, "host_bound": late > HOST_BOUND_SHARE}
+
+
+def host_bound(result: dict) -> list[dict]:
+    """The host-bound devices of a ``run_one`` result (empty when its figures are the emulation's)."""
+    return list((result.get("summary") or {}).get("host_bound") or ())
+
+
+def _oom_line(err: Exception) -> str:
+    """The useful line of an out-of-memory error (TensorFlow wraps it in pages of context)."""
+    text = str(getattr(err, "message", "") or err)
+    match = re.search(r"emulated out of memory[^\n]*", text)
+    if match:
+        return match.group(0).strip()
+    for line in text.splitlines():
+        if "OOM" in line or "out of memory" in line.lower():
+            return line.strip()
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__

@@ -1,0 +1,123 @@
+"""The stock baseline harness measures itself against: Keras ``fit`` alone, or under a stock MirroredStrategy.
+
+``stock_model`` builds a model as a user without harness trains it: on one
+device plain Keras (variables and step placed there by the caller's device
+scope), on several Keras ``fit`` under a stock ``tf.distribute.MirroredStrategy``
+(its even split of the global batch, its own loss scaling: exact on even full
+batches only).
+
+On emulated devices the model is wrapped once (``Emulated``): each replica's
+input slice passes the device's begin op, and a zero-valued trainable scalar
+carries the device's finish: its gradient is the emulator's exact zero, computed
+once the backward pass reaches the input, so the step waits for the emulated
+device as harness' own steps do (``harness.emulate``). Keras' optimizer
+all-reduces that zero with the other gradients; the scalar stays 0. Nothing else
+of Keras' step changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["stock_model", "emulated_class", "keras"]
+
+
+def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], devices: Sequence[str],
+                emulator=None):
+    """A compiled stock Keras model over ``devices``: ``build()`` in the right scope, then ``compile_model(model)``.
+
+    Args:
+        build: returns a new, built Keras model.
+        compile_model: compiles it (called in the strategy's scope).
+        devices: one device (plain Keras) or several (a stock MirroredStrategy, one per device set and process).
+        emulator: a ``harness.emulate.Emulator`` of these devices, or None.
+    """
+    import tensorflow as tf
+
+    from harness.compat import keras_module_of
+    from harness.parallel.collective import stock_strategy_for
+
+    devices = tuple(devices)
+    scope = tf.device(devices[0]) if len(devices) == 1 else stock_strategy_for(devices).scope()
+    with scope:
+        model = build()
+        if emulator is not None:
+            model = emulated_class(keras_module_of(model))(model, emulator, devices)
+        compile_model(model)
+    return model
+
+
+@functools.cache
+def emulated_class(k):
+    """The ``Emulated`` wrapper model class of Keras module ``k`` (one per module and process)."""
+    import tensorflow as tf
+
+    class Emulated(k.Model):
+        """``inner`` whose every replica runs at its emulated device's rate (see the module's doc)."""
+
+        def __init__(self, inner, emulator, devices):
+            super().__init__(name=f"emulated_{inner.name}")
+            self.inner = inner
+            self.emulator = emulator
+            self.emulated_devices = tuple(devices)
+            self.finish_gate = self.add_weight(name="emulation_finish", shape=(), initializer="zeros",
+                                               trainable=True)
+
+        def call(self, x, training=None):
+            ctx = tf.distribute.get_replica_context()
+            if ctx is None:  # cross-replica (Keras' symbolic build): nothing runs
+                return self.inner(x, training=training)
+            device = self.emulated_devices[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
+            x, token = self.emulator.begin(device, x)
+            if token is not None and training:
+                x = _gated(x, self.finish_gate, lambda after: self.emulator.finish(device, token, after))
+            y = self.inner(x, training=training)
+            return y if training else self.emulator.end(device, y, token)
+
+    def _gated(x, gate, finish):
+        leaves = tf.nest.flatten(x)
+
+        @tf.custom_gradient
+        def gate_op(first, value):
+            def grad(dy):
+                return dy, tf.cast(finish(dy), value.dtype)  # after the backward pass reached the input
+            return tf.identity(first), grad
+
+        leaves[0] = gate_op(leaves[0], tf.convert_to_tensor(gate))
+        return tf.nest.pack_sequence_as(x, leaves)
+
+    return Emulated
+
+
+def keras(template, devices, ratios=None):
+    """The stock baseline as ``harness.compare_training``'s ``method``: ``template`` under a stock MirroredStrategy.
+
+    A clone of ``template`` with its weights, built in the scope of the stock
+    strategy over ``devices``; Keras ``fit`` trains it (even split, Keras' own
+    loss scaling) and copies the trained weights back into ``template``, so the
+    comparison reads them as it does a harness model's.
+
+    Raises:
+        ValueError: ``ratios`` that are not even (the stock strategy splits evenly).
+    """
+    from harness.compat import keras_module_of
+    from harness.parallel.collective import stock_strategy_for
+
+    if ratios is not None and len({float(r) for r in ratios}) > 1:
+        raise ValueError(f"the stock MirroredStrategy splits every batch evenly; got ratios={list(ratios)}")
+    k = keras_module_of(template)
+    with stock_strategy_for(tuple(devices)).scope():
+        model = k.models.clone_model(template)
+        model.set_weights(template.get_weights())
+    fit = model.fit
+
+    def fit_then_copy(*args, **kwargs):
+        try:
+            return fit(*args, **kwargs)
+        finally:
+            template.set_weights(model.get_weights())
+
+    model.fit = fit_then_copy
+    return model

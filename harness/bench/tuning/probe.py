@@ -1,0 +1,197 @@
+"""Profiling one device alone: its memory ceiling and step times at several batch sizes.
+
+One model per device, built on that device, trained with ``train_on_batch`` on
+synthetic data of the workload. The batch grows by doubling until a step runs
+out of memory (or takes longer than ``max_step_s``, or reaches ``limit``), then
+the ceiling is bisected to within ``tolerance``. An out-of-memory step is caught
+and recorded; TensorFlow's allocator frees the failed step's tensors, so the
+next, smaller probe runs in the same process (its pool is not returned to the
+driver, which is why other processes should not share the GPU while tuning).
+
+Every successful growth probe is also timed (one untimed step for tracing and
+allocation, then steps for at least ``min_seconds``): the throughput curve
+comes free with the ceiling search.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Point", "DeviceProbe", "probe_device"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One probe: a batch size, whether it fit, and its median step time.
+
+    On an emulated device ``host_rate`` is the rate this host computed the timed
+    steps at, ``late_steps`` how many ran past their emulated time, and
+    ``host_bound`` says more than ``HOST_BOUND_SHARE`` of them did (the step time
+    is then the host's, not the emulation's).
+    """
+
+    batch: int
+    fits: bool
+    step_seconds: float | None = None
+    steps: int = 0
+    host_rate: float | None = None
+    late_steps: int = 0
+    host_bound: bool = False
+
+    def to_json(self) -> dict:
+        return {"batch": self.batch, "fits": self.fits, "step_seconds": self.step_seconds, "steps": self.steps,
+                "samples_per_second": None if not self.step_seconds else self.batch / self.step_seconds,
+                "host_rate": self.host_rate, "late_steps": self.late_steps, "host_bound": self.host_bound}
+
+
+@dataclass
+class DeviceProbe:
+    """A device's profile, and the live model that measured it (for the solo figures later)."""
+
+    device: str
+    points: list[Point] = field(default_factory=list)
+    ceiling: int | None = None  # the largest batch that ran
+    oom_at: int | None = None  # the smallest batch that ran out of memory
+    stopped_by: str = ""  # "oom", "limit" or "step time"
+    oom_error: str | None = None
+    seconds: float = 0.0
+    _runner: Callable[[int, int, float], Point] | None = None
+
+    def timed(self) -> list[Point]:
+        return [p for p in self.points if p.fits and p.step_seconds]
+
+    def measure(self, batch: int, min_seconds: float, max_steps: int = 20) -> Point:
+        """Times this device alone at ``batch`` (after one untimed step)."""
+        if self._runner is None:
+            raise RuntimeError(f"the probe of {self.device} was released: its model is gone, it cannot measure")
+        return self._runner(batch, max_steps, min_seconds)
+
+    def release(self) -> None:
+        self._runner = None
+        gc.collect()
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "ceiling": self.ceiling, "oom_at": self.oom_at, "stopped_by": self.stopped_by,
+                "oom_error": self.oom_error, "seconds": self.seconds, "points": [p.to_json() for p in self.points]}
+
+
+def probe_device(
+    workload,
+    size: str,
+    device: str,
+    *,
+    emulate=None,
+    start: int = 32,
+    limit: int = 8192,
+    tolerance: float = 0.03,
+    min_seconds: float = 0.25,
+    max_step_s: float = 1.0,
+    seed: int = 0,
+    on_point: Callable[[str, Point], None] | None = None,
+) -> DeviceProbe:
+    """Finds ``device``'s memory ceiling for ``workload`` and times it at the batches it tried.
+
+    Args:
+        workload: a ``harness.bench.workloads.Workload``.
+        size: its size, ``"tiny"`` or ``"full"``.
+        device: a TensorFlow device name.
+        emulate: the device's ``EmulatedDevice``, if emulated.
+        start: first batch size tried.
+        limit: the search stops here even without running out of memory.
+        tolerance: bisect until ``(oom_at - ceiling) / ceiling <= tolerance``.
+        min_seconds: timed steps per growth probe last at least this long.
+        max_step_s: growing stops after a step this slow (the curve is known by then).
+        seed: weights and data seed.
+        on_point: called with ``(device, point)`` after each probe (progress).
+
+    Returns:
+        The ``DeviceProbe``; ``ceiling`` is None when even batch 1 ran out of memory.
+    """
+    began = time.perf_counter()
+    probe = DeviceProbe(device)
+    run = probe._runner = _runner(workload, size, device, emulate, seed)
+
+    def attempt(batch: int, timed: bool) -> Point:
+        try:
+            point = run(batch, 20, min_seconds) if timed else run(batch, 0, 0.0)
+        except _OutOfMemory as oom:
+            point = Point(batch, False)
+            probe.oom_error = probe.oom_error or str(oom)
+        probe.points.append(point)
+        if on_point is not None:
+            on_point(device, point)
+        return point
+
+    good, bad, batch = 0, None, max(1, min(start, limit))
+    while True:  # grow
+        point = attempt(batch, timed=True)
+        if not point.fits:
+            bad = batch
+            break
+        good = batch
+        if batch >= limit:
+            probe.stopped_by = "limit"
+            break
+        if point.step_seconds is not None and point.step_seconds >= max_step_s:  # timed: it has a step time
+            probe.stopped_by = "step time"
+            break
+        batch = min(2 * batch, limit)
+    if bad is not None:
+        probe.stopped_by = "oom"
+        while bad - good > max(1, tolerance * good):  # bisect: ceiling in [good, bad)
+            mid = (good + bad) // 2
+            if attempt(mid, timed=False).fits:
+                good = mid
+            else:
+                bad = mid
+        probe.oom_at = bad
+    probe.ceiling = good or None
+    probe.seconds = time.perf_counter() - began
+    return probe
+
+
+class _OutOfMemory(Exception):
+    device_index: int | None = None  # set by the tuner's solo runs: which of its devices
+
+
+def _runner(workload, size: str, device: str, emulate, seed: int):
+    """A function ``(batch, max_steps, min_seconds) -> Point`` training the device's own model."""
+    import tensorflow as tf
+
+    from harness.bench.runner import _oom_line
+    from harness.parallel import parallelize
+
+    with tf.device(device):
+        template = workload.build(size, seed=seed)
+    model = parallelize(template, [device], method="towers", emulate=None if emulate is None else [emulate])
+    model.compile(optimizer=workload.optimizer(), loss=workload.loss())
+    pool_x, pool_y = workload.make_data(size, 256, seed=seed)
+
+    def run(batch: int, max_steps: int, min_seconds: float) -> Point:
+        """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed."""
+        index = np.arange(batch) % len(pool_x)
+        x, y = tf.constant(pool_x[index]), tf.constant(pool_y[index])
+        times: list[float] = []
+        try:
+            model.train_on_batch(x, y)
+            began = time.perf_counter()
+            while len(times) < max_steps and (not times or sum(times) < min_seconds):
+                t0 = time.perf_counter()
+                model.train_on_batch(x, y)  # returns the loss on the host: the step's device work is done
+                times.append(time.perf_counter() - t0)
+        except tf.errors.ResourceExhaustedError as err:
+            raise _OutOfMemory(_oom_line(err)) from None
+        finally:
+            del x, y
+        busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
+        return Point(batch, True, statistics.median(times) if times else None, len(times),
+                     host_rate=busy.host_rate if busy else None, late_steps=busy.late_steps if busy else 0,
+                     host_bound=bool(busy and busy.host_bound))
+
+    return run

@@ -1,0 +1,347 @@
+"""``harness.tune``: profile every device alone, choose the split, verify it.
+
+1. Each device alone: memory ceiling (grow, then bisect) and step times at the
+   batches tried (``harness.bench.tuning.probe``).
+2. A step-time model per device, ``t(b) = fixed + b * per_sample``, fitted to
+   those times (``harness.bench.tuning.solver``; the record keeps each fit's error).
+3. The split: the fastest for ``global_batch``, or, without one, the global
+   batch and split with the most samples/s, each device held to
+   ``(1 - margin)`` of its ceiling.
+4. Verification: each device alone at its chosen batch (the efficiency's
+   denominator is measured, not fitted), then the split itself with
+   ``harness.bench.runner.run_one``, and the even split of the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["tune", "efficiency", "profile_devices", "usable_ceilings", "host_bound_entries"]
+
+
+def efficiency(total: float | None, solo: Sequence[float | None]) -> float | None:
+    """Measured total samples/s over the sum of each device's solo samples/s at its own batch."""
+    measured = [s for s in solo if s is not None]
+    if total is None or len(measured) < len(solo) or not solo or math.fsum(measured) <= 0:
+        return None
+    return total / math.fsum(measured)
+
+
+def tune(
+    model: str = "mnist_maxing",
+    *,
+    devices: Sequence[str],
+    size: str = "tiny",
+    emulate=None,
+    global_batch: int | None = None,
+    method: str = "mirrored",
+    margin: float = 0.05,
+    start: int = 32,
+    limit: int = 8192,
+    tolerance: float = 0.03,
+    max_step_s: float = 1.0,
+    verify_seconds: float = 1.0,
+    verify_windows: int = 3,
+    compare_even: bool = True,
+    seed: int = 0,
+    on_event: Callable[[str], None] | None = None,
+) -> dict:
+    """Finds the per-device batches with the most samples/s and measures them.
+
+    Args:
+        model: a workload name (``harness.bench.workloads.names()``).
+        devices: TensorFlow device names, already set up (``use_logical_devices`` for emulated ones).
+        size: ``"tiny"`` or ``"full"``.
+        emulate: one ``EmulatedDevice`` per device, or None for real devices.
+        global_batch: samples per step to split; None chooses it (most samples/s).
+        method: ``"mirrored"`` or ``"towers"`` for the verification run.
+        margin: fraction of each memory ceiling left free (fragmentation, other processes).
+        start, limit, tolerance, max_step_s: the ceiling search (see ``probe_device``);
+            with ``global_batch`` no device is grown beyond it.
+        verify_seconds, verify_windows: timing of the verification runs.
+        compare_even: also run the even split of the same global batch.
+        seed: weights and data seed.
+        on_event: called with a line of progress text.
+
+    Returns:
+        A JSON-ready record: per-device profiles and fits, the choice (batches,
+        ratios, predicted samples/s), the verification (measured samples/s,
+        efficiency, the even split beside it), the time tuning took, and
+        ``host_bound`` (``host_bound_entries``): where emulated devices ran at
+        the host's speed instead of their own, which voids the choice.
+
+    Raises:
+        ValueError: bad arguments, a device that runs out of memory at batch 1,
+            or a global batch beyond what the devices hold together.
+
+    Example:
+        >>> devices = harness.use_logical_devices(2, inter_op_threads=4)
+        >>> record = harness.tune("mnist_maxing", devices=devices, emulate=parse_emulate("1345:1100,875:700"))
+        >>> record["choice"]["batches"]
+        [1038, 675]
+    """
+    from harness.bench import workloads
+
+    began = time.perf_counter()
+    say = on_event or (lambda text: None)
+    workload = workloads.get(model)
+    _check(devices, size, emulate, global_batch, method, margin)
+    specs = list(emulate) if emulate is not None else [None] * len(devices)
+    record: dict[str, Any] = {
+        "config": {"model": model, "size": size, "devices": list(devices), "method": method,
+                   "global_batch": global_batch, "margin": margin, "seed": seed,
+                   "emulate": None if emulate is None else [e.to_json() for e in emulate]},
+        "devices": [], "choice": None, "verify": None, "seconds": {}}
+    limit = limit if global_batch is None else max(1, min(limit, global_batch))
+    probes, record["devices"] = profile_devices(workload, size, devices, specs, start=start, limit=limit,
+                                                tolerance=tolerance, max_step_s=max_step_s, seed=seed,
+                                                on_event=say)
+    record["seconds"]["profile"] = time.perf_counter() - began
+    split, models = _choose(probes, global_batch, margin, record)
+    say(_choice_text(record["choice"]))
+    t0 = time.perf_counter()
+    record["verify"] = _verify(model, size, devices, specs, probes, split, models, method, verify_seconds,
+                               verify_windows, compare_even, seed, say)
+    record["seconds"]["verify"] = time.perf_counter() - t0
+    record["seconds"]["total"] = time.perf_counter() - began
+    record["host_bound"] = host_bound_entries(record)
+    return record
+
+
+def host_bound_entries(record: dict) -> list[dict]:
+    """Where a tuning's emulated devices were host-bound.
+
+    A profile is host-bound when any timed point is (its curve is then the
+    host's, not the emulated device's); a verification run when ``run_one`` says so.
+
+    Returns:
+        ``[{"phase", "device", "emulated_rate", "host_rate", "late_share"}, ...]``, empty when none was.
+    """
+    out = []
+    for dev in record["devices"]:
+        timed = [p for p in dev["points"] if p.get("step_seconds")]
+        bound = [p for p in timed if p.get("host_bound")]
+        if bound and dev.get("emulate"):
+            rates = [p["host_rate"] for p in bound if p.get("host_rate")]
+            late = sum(p["late_steps"] for p in timed) / sum(p["steps"] for p in timed)
+            out.append({"phase": "profile", "device": dev["device"], "emulated_rate": dev["emulate"]["rate"],
+                        "host_rate": max(rates) if rates else None, "late_share": late})
+    for name, run in (record.get("verify") or {}).items():
+        out += [{"phase": f"verify {name}", **entry} for entry in run.get("host_bound") or ()]
+    return out
+
+
+def _check(devices, size, emulate, global_batch, method, margin) -> None:
+    from harness.bench import workloads
+
+    workloads.check_size(size)
+    if not devices:
+        raise ValueError("tune needs at least one device; got none")
+    if emulate is not None and len(emulate) != len(devices):
+        raise ValueError(f"need one emulated device per device: {len(devices)} devices but {len(emulate)} "
+                         "--emulate entries")
+    if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
+                                     or global_batch < 1):
+        raise ValueError(f"global batch must be an int >= 1; got {global_batch!r}")
+    if method not in ("mirrored", "towers"):
+        raise ValueError(f"method must be 'mirrored' or 'towers'; got {method!r}")
+    if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
+        raise ValueError(f"margin must be a fraction in [0, 1); got {margin!r}")
+
+
+def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence, *, start: int = 32,
+                    limit: int = 8192, tolerance: float = 0.03, max_step_s: float = 1.0, seed: int = 0,
+                    on_event: Callable[[str], None] | None = None) -> tuple[list, list[dict]]:
+    """Each device alone: ceiling, timed points and fitted step model.
+
+    Returns:
+        ``([(DeviceProbe, Fit), ...], [device record, ...])``; call each probe's
+        ``release()`` when its model is no longer needed.
+
+    Raises:
+        ValueError: a device runs out of memory at batch 1.
+    """
+    from harness.bench.tuning.probe import probe_device
+    from harness.bench.tuning.solver import fit_step_model
+
+    say = on_event or (lambda text: None)
+    probes, records = [], []
+    for i, (device, spec) in enumerate(zip(devices, specs)):
+        say(f"[{i + 1}/{len(devices)}] {device}" + (f" (emulated: {spec})" if spec else "") + ": ceiling and curve")
+        probe = probe_device(workload, size, device, emulate=spec, start=start, limit=limit, tolerance=tolerance,
+                             max_step_s=max_step_s, seed=seed, on_point=lambda d, p: say(_point_text(p)))
+        if probe.ceiling is None:
+            raise ValueError(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
+                             f"{probe.oom_error}")
+        timed = [(p.batch, p.step_seconds) for p in probe.timed() if p.step_seconds is not None]  # all of them
+        fit = fit_step_model([batch for batch, _ in timed], [seconds for _, seconds in timed])
+        say(f"    ceiling {probe.ceiling} ({_stop_text(probe)}); fit {1000 * fit.model.fixed_s:.1f} ms + "
+            f"b / {fit.model.peak_rate:.0f} samples/s, worst point off by {100 * fit.max_relative_error:.1f}%; "
+            f"{probe.seconds:.1f} s")
+        records.append({**probe.to_json(), "emulate": None if spec is None else spec.to_json(), "fit": fit.to_json()})
+        probes.append((probe, fit))
+    return probes, records
+
+
+def usable_ceilings(probes, margin: float) -> list[int]:
+    """Each probed ceiling less the margin (at least 1)."""
+    return [max(1, math.floor(probe.ceiling * (1 - margin))) for probe, _ in probes]
+
+
+def _stop_text(probe) -> str:
+    if probe.stopped_by == "oom":
+        return f"out of memory at {probe.oom_at}"
+    return f"no out-of-memory up to {probe.ceiling}: stopped by {probe.stopped_by}"
+
+
+def _point_text(point) -> str:
+    if not point.fits:
+        return f"    batch {point.batch:>6}: out of memory"
+    if point.step_seconds is None:
+        return f"    batch {point.batch:>6}: fits"
+    return f"    batch {point.batch:>6}: {1000 * point.step_seconds:8.1f} ms/step, " \
+           f"{point.batch / point.step_seconds:8.0f} samples/s" + \
+           (f" -- HOST-BOUND (this host computes {point.host_rate:.0f})" if point.host_bound else "")
+
+
+def _choose(probes, global_batch, margin, record):
+    from harness.bench.tuning.solver import best_split, predict, solve_split
+
+    models = [fit.model for _, fit in probes]
+    usable = usable_ceilings(probes, margin)
+    if global_batch is None:
+        split = best_split(models, usable)
+    else:
+        if global_batch > sum(usable):
+            unsure = [f"{p.device} probed only up to {p.ceiling} ({p.stopped_by})" for p, _ in probes
+                      if p.stopped_by != "oom"]
+            raise ValueError(
+                f"--global-batch {global_batch} does not fit: the devices hold {sum(usable)} together "
+                f"(ceilings {[p.ceiling for p, _ in probes]} less the {100 * margin:g}% margin: {usable})"
+                + (f"; {', '.join(unsure)}: raise --max-step-s to probe further" if unsure else ""))
+        split = solve_split(models, usable, global_batch)
+    even = _even(split.global_batch, _memory_ceilings(probes, split.global_batch))
+    record["choice"] = {"mode": "most samples/s" if global_batch is None else "global batch",
+                        "usable_ceilings": usable, **split.to_json(),
+                        "ratios": [b / split.global_batch for b in split.batches],
+                        "used": list(split.used), "even": predict(models, even).to_json()}
+    return split, models
+
+
+def _choice_text(choice: dict) -> str:
+    return (f"choice ({choice['mode']}): batches {choice['batches']} (global {choice['global_batch']}), predicted "
+            f"{choice['samples_per_second']:.0f} samples/s; even split predicted "
+            f"{choice['even']['samples_per_second']:.0f}")
+
+
+def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say):
+    from harness.bench.tuning.solver import predict
+
+    ceilings = _memory_ceilings(probes, split.global_batch)
+    say("verifying: each device alone at its batch")
+    tuned_solo = _solo(probes, split.batches, seconds, say)
+    even, even_solo = _even_solo(probes, split, ceilings, seconds, say) if compare_even else (split.batches, None)
+    for probe, _ in probes:
+        probe.release()  # free the probe models before the parallel ones take the memory
+    out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
+                              split.samples_per_second, tuned_solo)}
+    if compare_even and tuple(even) == tuple(split.batches):
+        out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
+    elif compare_even:
+        out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
+                                predict(models, even).samples_per_second, even_solo)
+    if compare_even:
+        out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
+                               f"the even split of {split.global_batch} exceeds a memory ceiling "
+                               f"({ceilings}): the largest even split that fits")
+        if len(devices) > 1 and len(set(even)) == 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
+            out["keras"] = _parallel(model, size, devices, specs, even, "keras", seconds, windows, seed, say,
+                                     predict(models, even).samples_per_second, even_solo)
+    return out
+
+
+def _memory_ceilings(probes, global_batch: int) -> list[int]:
+    """Ceilings that are out-of-memory limits; a device not grown to one is not limited by it."""
+    return [probe.ceiling if probe.stopped_by == "oom" else max(probe.ceiling, global_batch) for probe, _ in probes]
+
+
+def _even(global_batch: int, ceilings: Sequence[int]) -> tuple[int, ...]:
+    """The even split of ``global_batch``, or the largest even split within the ceilings."""
+    from harness.split import split_batch
+
+    n = len(ceilings)
+    batch = global_batch
+    while batch > n and any(b > c for b, c in zip(split_batch(batch, [1.0] * n), ceilings)):
+        batch = min(batch - 1, n * min(ceilings))
+    return split_batch(batch, [1.0] * n)
+
+
+def _even_solo(probes, split, ceilings: list[int], seconds, say) -> tuple[tuple[int, ...], list[float | None] | None]:
+    """The even split (within ``ceilings``) and each device's rate alone at it; None if it is the tuned split.
+
+    A device whose probe stopped growing before it ran out of memory (step time, limit) has no known
+    ceiling, so its even slice may still run out of memory here: its ceiling (in ``ceilings``, updated)
+    becomes the largest batch it was seen to fit, and the even split shrinks to fit it.
+    """
+    from harness.bench.tuning.probe import _OutOfMemory
+
+    while True:
+        even = _even(split.global_batch, ceilings)
+        if tuple(even) == tuple(split.batches):
+            return even, None
+        try:
+            return even, _solo(probes, even, seconds, say)
+        except _OutOfMemory as oom:
+            index = oom.device_index
+            if index is None:  # _solo names the device; without it there is nothing to learn
+                raise
+            (probe, _), batch = probes[index], even[index]
+            known = probe.ceiling or 0
+            if known >= batch:  # it fitted this batch while probed: nothing to learn, a failure
+                raise
+            say(f"    {probe.device} ran out of memory alone at {batch} (it fitted {known} while probed): "
+                f"the even split shrinks to fit it")
+            ceilings[index] = known
+
+
+def _solo(probes, batches, seconds, say) -> list[float | None]:
+    from harness.bench.tuning.probe import _OutOfMemory
+
+    rates: list[float | None] = []
+    for (probe, _), batch in zip(probes, batches):
+        if batch < 1:
+            rates.append(0.0)
+            continue
+        try:
+            point = probe.measure(batch, min_seconds=seconds / 2)
+        except _OutOfMemory as oom:
+            oom.device_index = len(rates)  # which device: the caller may learn its ceiling
+            raise
+        rates.append(batch / point.step_seconds)
+        say(f"    {probe.device} alone at {batch}: {rates[-1]:.0f} samples/s")
+    return rates
+
+
+def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo):
+    from harness.bench.runner import RunConfig, host_bound, run_one
+
+    used = [i for i, b in enumerate(batches) if b > 0]
+    config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
+                       tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
+                       emulate=None if specs[0] is None else tuple(specs[i] for i in used))
+    say(f"verifying: {config.method} with batches {list(batches)}")
+    result = run_one(config)
+    measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None
+    eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
+    line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \
+        f"    {result['status']}: {result['error']}"
+    say(line + (f", efficiency {eff:.3f}" if eff is not None else "")
+        + (" -- HOST-BOUND" if host_bound(result) else ""))
+    return {"batches": list(batches), "status": result["status"], "error": result["error"],
+            "predicted_samples_per_second": predicted, "samples_per_second": measured,
+            "spread": None if measured is None else result["summary"]["samples_per_second"]["spread"],
+            "solo_samples_per_second": solo, "efficiency": eff, "windows": result["windows"],
+            "host_bound": host_bound(result)}

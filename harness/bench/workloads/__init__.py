@@ -1,0 +1,182 @@
+"""The workloads: models, losses, optimizers and learnable synthetic data, by name.
+
+Most come from the public seed documents (docs/background.md); ``Workload.source`` says
+which.
+
+Each workload comes in two sizes: ``full`` (the seed's model, sized for a GPU)
+and ``tiny`` (the same design at CPU scale, for tests and CI). Every model
+outputs logits; its loss applies the softmax or sigmoid (``from_logits=True``).
+
+Importing this package, ``names()``, ``get()`` and the shape queries import
+neither TensorFlow nor Keras (the CLI builds its choices from ``names()``);
+``build``, ``loss``, ``optimizer`` and ``accuracy`` import Keras when called.
+
+Example:
+    >>> from harness.bench import workloads
+    >>> w = workloads.get("wide_mlp")
+    >>> model = w.build("tiny", seed=0)
+    >>> model.compile(optimizer=w.optimizer(), loss=w.loss())
+    >>> x, y = w.make_data("tiny", samples=1024, seed=0)
+    >>> model.fit(x, y, batch_size=256)
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.bench.workloads.synthetic import Labels
+
+__all__ = ["SIZES", "Labels", "Workload", "names", "get", "check_size"]
+
+SIZES = ("full", "tiny")
+
+
+def check_size(size: str) -> str:
+    """``size`` if it is one of ``SIZES``.
+
+    Raises:
+        ValueError: naming the bad size and the allowed ones.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+    return size
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload: a model, its loss and optimizer, and learnable synthetic data.
+
+    ``source`` is the number of the public seed document the model comes from
+    (``"000"``, ``"001"``, ...: see docs/background.md), or ``""`` for a workload of
+    harness' own. It is not a random seed: ``build`` and ``make_data`` take that as
+    ``seed``. The model code lives in ``harness.bench.workloads.<module>``, imported on
+    first use; ``"<module>:<name>"`` names an object of that module with the same
+    interface.
+    """
+
+    name: str
+    source: str
+    description: str
+    module: str
+
+    def _impl(self):
+        module, _, variant = self.module.partition(":")
+        impl = importlib.import_module(f"harness.bench.workloads.{module}")
+        return getattr(impl, variant) if variant else impl
+
+    @property
+    def labels(self) -> Labels:
+        """How targets are encoded, which fixes the loss and the accuracy metric."""
+        return self._impl().LABELS
+
+    def input_shape(self, size: str) -> tuple[int, ...]:
+        """Shape of one input sample (no batch axis)."""
+        return tuple(self._impl().INPUT_SHAPES[check_size(size)])
+
+    def output_shape(self, size: str) -> tuple[int, ...]:
+        """Shape of the model's logits for one sample (no batch axis)."""
+        return tuple(self._impl().OUTPUT_SHAPES[check_size(size)])
+
+    def label_shape(self, size: str) -> tuple[int, ...]:
+        """Shape of one label as ``make_data`` returns it: ``()`` for sparse class indices."""
+        # sparse: one class index per output position (a scalar, or one per timestep)
+        return self.output_shape(size)[:-1] if self.labels is Labels.SPARSE else self.output_shape(size)
+
+    def sample_bytes(self, size: str) -> int:
+        """Bytes of one ``(x, y)`` sample as ``make_data`` returns it (float32 inputs, 4-byte labels)."""
+        return 4 * (math.prod(self.input_shape(size)) + math.prod(self.label_shape(size)))
+
+    def build(self, size: str = "tiny", seed: int = 0):
+        """A new, built, uncompiled ``keras.Model`` with deterministic initial weights.
+
+        Args:
+            size: ``"full"`` or ``"tiny"``.
+            seed: the same seed gives the same initial weights (via ``keras.utils.set_random_seed``;
+                Python's and NumPy's global generators are restored afterwards, TensorFlow's stays seeded).
+
+        Raises:
+            ValueError: for an unknown size or a seed that is not an int >= 0.
+        """
+        check_size(size)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0; got seed={seed!r}")
+        import keras
+
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        try:
+            keras.utils.set_random_seed(int(seed))
+            return self._impl().build(size)
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+    def loss(self):
+        """A new ``keras.losses.Loss`` on logits (``from_logits=True``)."""
+        return self._impl().loss()
+
+    def optimizer(self):
+        """A new ``keras.optimizers.Optimizer``, the seed's where it names one."""
+        return self._impl().optimizer()
+
+    def accuracy(self):
+        """A new accuracy metric matching the labels, on logits (binary: threshold 0, not 0.5)."""
+        import keras
+
+        if self.labels is Labels.ONE_HOT:
+            return keras.metrics.CategoricalAccuracy(name="accuracy")
+        if self.labels is Labels.SPARSE:
+            return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
+
+    def make_data(self, size: str, samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` NumPy arrays with learnable structure; float32 inputs.
+
+        The task (class templates, teacher) is fixed per workload and size; ``seed``
+        draws the samples, so equal seeds give equal arrays and different seeds
+        different samples of the same task.
+
+        Raises:
+            ValueError: for an unknown size, ``samples < 1`` or a seed that is not an int >= 0.
+        """
+        return self._impl().make_data(check_size(size), samples, seed)
+
+
+_WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload(
+            "mnist_maxing", "000", "MNIST CNN with far more layers than it needs, to keep a GPU busy", "mnist_maxing"
+        ),
+        Workload("gru_stack", "001", "4 stacked GRU(512) + Dense(128): next note of a melody", "gru_stack"),
+        Workload("wide_mlp", "002", "wide MLP 8000-4000-2000-500-300-1, exactly 41,157,101 parameters", "wide_mlp"),
+        Workload("resnet50", "004", "ResNet50 image classifier (keras.applications, random weights)", "resnet50"),
+        # issue 16's overhead models: little compute per step, so a method's fixed costs show
+        Workload("mlp_head10", "", "MLP 64-512-512-10: a small step, a small gradient", "overhead:mlp_head10"),
+        Workload("mlp_head8192", "", "MLP 64-512-512-8192: a small step, a 4.5M-float gradient",
+                 "overhead:mlp_head8192"),
+        Workload("tagger1024", "", "per-timestep tagger (32 x 32) -> 128 -> 1024 classes: outputs as large as "
+                 "the step", "overhead:tagger1024"),
+    )
+}
+
+
+def names() -> tuple[str, ...]:
+    """The workload names, in seed order. Imports no TensorFlow."""
+    return tuple(_WORKLOADS)
+
+
+def get(name: str) -> Workload:
+    """The workload called ``name``.
+
+    Raises:
+        ValueError: naming the unknown workload and the known ones.
+    """
+    try:
+        return _WORKLOADS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(_WORKLOADS)}") from None

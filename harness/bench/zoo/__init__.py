@@ -1,0 +1,24 @@
+"""Model-zoo conformance: real architectures at CPU size, trained on one device and in parallel.
+
+``CATALOG`` holds the models (``keras.applications`` backbones and keras-io examples, see
+``harness.bench.zoo.applications`` and ``harness.bench.zoo.keras_io``); ``run_zoo`` checks each model x
+method x split with ``harness.compare_training`` and returns one ``ZooRow`` per case, which
+``text_table``, ``markdown`` and ``to_json`` print. ``harness check --zoo`` is the command line.
+Importing this package does not import TensorFlow or Keras.
+
+Example:
+    >>> import harness
+    >>> from harness.bench import zoo
+    >>> harness.use_logical_devices(3)
+    >>> rows = zoo.run_zoo(["subclassed_mlp", "text_bilstm"], methods=["mirrored"])
+    >>> print(zoo.text_table(rows))
+"""
+
+from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, keras_module, select
+from harness.bench.zoo.entry import ZooEntry
+from harness.bench.zoo.render import markdown, summary, text_table, to_json
+from harness.bench.zoo.runner import KINDS, METHODS, SPLITS, ZooRow, count, kind_of, run_case, run_zoo, status_of_error
+
+__all__ = ["CATALOG", "NAMES", "GENERATIONS", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
+           "keras_module", "run_zoo", "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
+           "to_json", "summary"]

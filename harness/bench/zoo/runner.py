@@ -1,0 +1,270 @@
+"""Conformance: each zoo model x method x split through ``compare_training``, one row per case.
+
+A row's status is the verdict of ``compare_training(reference="float64")``: ``exact`` (within
+``tol`` of one device), ``as accurate as one device`` (no farther from a float64 run than one
+float32 device) or ``exact in float64`` (the parallel model trained in float64 equals one device
+in float64: float32 rounding that training amplified). Or ``refused: <reason>``: harness raised
+its own ValueError, TypeError, NotImplementedError or Keras2NotSupported naming what it does not
+support. Or ``FAIL: <reason>``: any other error (a bare AssertionError, TensorFlow's errors, an
+error from Keras), drift, or a model that must be refused (its own ``train_step``) trained anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.bench.zoo.catalog import keras_module, select
+from harness.bench.zoo.entry import ZooEntry, is_keras3
+from harness.equivalence import VERDICTS
+from harness.parallel import METHODS as PARALLEL_METHODS
+
+__all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_case", "status_of_error", "kind_of", "count"]
+
+SPLITS: dict[str, tuple[int, ...]] = {"even": (1, 1), "3:2": (3, 2), "5:3:2": (5, 3, 2)}
+METHODS = PARALLEL_METHODS
+
+_REFUSALS = (ValueError, TypeError, NotImplementedError)
+_HARNESS = Path(__file__).resolve().parents[2]  # the harness package (this file: harness/bench/zoo/runner.py)
+# Errors raised here are the zoo's or the comparison's own, never a refusal of the model.
+_NOT_REFUSALS = (Path(__file__).resolve().parent, _HARNESS / "equivalence.py")
+
+
+@dataclass(frozen=True)
+class ZooRow:
+    """One conformance case: a model on one Keras, one method, one split."""
+
+    model: str
+    keras: str  # "3" or "2"
+    method: str
+    split: str  # a key of SPLITS
+    status: str  # a verdict ("exact", "as accurate as one device", "exact in float64"), "refused: ...", "FAIL: ..."
+    max_deviation: float | None = None  # worst weight/optimizer-state deviation from one device
+    loss_deviation: float | None = None  # worst per-epoch loss deviation from one device
+    reference_single: float | None = None  # one float32 device's distance from float64
+    reference_parallel: float | None = None  # the parallel run's distance from float64
+    reference_exact: float | None = None  # the parallel model in float64 vs one device in float64 (not run if exact)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return kind_of(self.status) == "FAIL"
+
+
+def run_zoo(
+    names: Sequence[str] | None = None,
+    methods: Sequence[str] = METHODS,
+    splits: Sequence[str] | None = None,
+    keras: str = "3",
+    fast_only: bool = False,
+    reference: str | None = "float64",
+    progress: Callable[[ZooRow, int, int], None] | None = None,
+    devices: Sequence[str] | None = None,
+    tol: float = 1e-6,
+) -> list[ZooRow]:
+    """Checks zoo models against one device: every model x method x split, on Keras ``keras``.
+
+    Args:
+        names: zoo entries (default all that apply to ``keras``).
+        methods: ``"towers"``, ``"mirrored"``.
+        splits: keys of ``SPLITS`` (default all): even on 2 devices, 3:2, and 5:3:2 on 3.
+        keras: ``"3"`` (``keras``) or ``"2"`` (``tf_keras``, or TF 2.15's ``keras``).
+        fast_only: only the entries of the fast subset.
+        reference: ``"float64"`` to judge drift against a float64 run; None for the 1e-6 rule alone.
+        progress: called after each case with ``(row, cases done, cases in all)``.
+        devices: at least as many devices as the largest split (default: the first 3 GPUs, or
+            logical CPUs without GPUs; ``harness.use_logical_devices(3)`` must have run then).
+        tol: what counts as exact.
+
+    Returns:
+        One ``ZooRow`` per case, in catalog order.
+
+    Raises:
+        ValueError: unknown names, methods or splits; a Keras generation not installed; too few devices.
+
+    Example:
+        >>> harness.use_logical_devices(3)
+        >>> rows = run_zoo(["subclassed_mlp"], splits=["5:3:2"])
+        >>> print(text_table(rows))
+    """
+    entries = select(names, keras, fast_only)
+    splits = list(SPLITS) if splits is None else list(splits)
+    bad = [m for m in methods if m not in METHODS] + [s for s in splits if s not in SPLITS]
+    if bad:
+        raise ValueError(f"unknown methods or splits {bad}; methods {list(METHODS)}, splits {list(SPLITS)}")
+    k = keras_module(keras)
+    needed = max((len(SPLITS[s]) for s in splits), default=1)
+    devices = _devices(devices, needed)
+    total = len(entries) * len(methods) * len(splits)
+    rows: list[ZooRow] = []
+    for entry in entries:
+        kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
+        for method in methods:
+            for split in splits:
+                row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
+                               single_runs=kept)
+                rows.append(row)
+                if progress is not None:
+                    progress(row, len(rows), total)
+    return rows
+
+
+def _devices(devices: Sequence[str] | None, needed: int) -> list[str]:
+    from harness.devices import resolve_devices
+
+    names = resolve_devices(needed if devices is None else list(devices))
+    if len(names) < needed:
+        raise ValueError(f"the splits need {needed} devices; got {len(names)}: {names}")
+    return names
+
+
+def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: Sequence[str],
+             reference: str | None = "float64", tol: float = 1e-6, single_runs: dict | None = None) -> ZooRow:
+    """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises.
+
+    ``single_runs``: a dict shared by the cases of one model (``compare_training``'s): its
+    single-device runs are trained by the first case and reused by the others, and so is the
+    parallel model of each method and device count (``set_ratios`` between splits: no retrace).
+    """
+    start = time.perf_counter()
+    try:
+        with _full_tracebacks(k):
+            report = _compare(entry, k, method, SPLITS[split], devices, reference, single_runs, tol)
+    except Exception as err:  # noqa: BLE001 - every error becomes the row's status
+        return ZooRow(entry.name, keras, method, split, status_of_error(err), seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    status = _verdict(report, tol)
+    if entry.must_refuse:
+        status = f"FAIL: not refused: harness trained its own step, not the model's train_step ({status})"
+    return ZooRow(entry.name, keras, method, split, status, max_deviation=report.max_deviation,
+                  loss_deviation=report.max_loss_deviation,
+                  reference_single=report.reference_single, reference_parallel=report.reference_parallel,
+                  reference_exact=report.reference_exact, seconds=seconds)
+
+
+def _compare(entry: ZooEntry, k, method: str, ratios: tuple[int, ...], devices: Sequence[str],
+             reference: str | None, single_runs: dict | None, tol: float):
+    from harness.equivalence import compare_training
+
+    x, y, sample_weight = entry.data()
+    kwargs: dict[str, Any] = {}
+    if entry.loss_weights is not None:
+        kwargs["loss_weights"] = entry.loss_weights  # compare_training must pass them to compile
+    return compare_training(
+        lambda: entry.build(k), x, y, devices=list(devices[: len(ratios)]), ratios=list(ratios), method=method,
+        batch_size=entry.batch_size, epochs=entry.epochs, optimizer=lambda: entry.optimizer(k), loss=entry.loss(k),
+        metrics=entry.metrics(k) if entry.metrics else None, sample_weight=sample_weight,
+        class_weight=entry.class_weight, reference=reference, single_runs=single_runs,
+        skip_float64_parallel_within=tol, **kwargs,
+    )
+
+
+def _verdict(report, tol: float) -> str:
+    verdict = str(report.verdict(tol))
+    if not verdict.startswith("FAIL"):
+        return verdict
+    figures = f"max deviation {_e(report.max_deviation)}, loss deviation {_e(report.max_loss_deviation)}"
+    if report.reference_single is None:
+        return f"FAIL: beyond tol {tol:g} ({figures}; no float64 reference to tell rounding from drift)"
+    if report.reference_exact is not None and not math.isnan(report.reference_exact):
+        return (f"FAIL: not exact in float64 either (parallel vs one device, both float64: "
+                f"{_e(report.reference_exact)}); {figures}")
+    return (f"FAIL: {figures}; from float64: parallel {_e(report.reference_parallel)}, "
+            f"one device {_e(report.reference_single)}, float64 parallel vs one device {_e(report.reference_exact)}")
+
+
+def _e(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def status_of_error(err: BaseException) -> str:
+    """``refused: <message>`` for harness's own refusals; ``FAIL: <type>: <message>`` for anything else."""
+    from harness.compat import Keras2NotSupported
+
+    line = _message(err)
+    if isinstance(err, Keras2NotSupported) or (isinstance(err, _REFUSALS) and _raised_by_harness(err)):
+        return f"refused: {line}"
+    return f"FAIL: {type(err).__name__}: {line}"
+
+
+def _message(err: BaseException, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    line = lines[0]
+    if line == "in user code:":  # autograph: the frames first, the error last
+        line = lines[-1]
+    elif line.endswith("error:"):  # TensorFlow's "Graph execution error:": the first root error is further down
+        line = next((text for text in lines if text.startswith("(0) ")), lines[-1])
+    line = re.sub(r"\s*\(defined @ [^)]*\)", "", re.sub(r"\s+", " ", line))  # TF's variable creation sites
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _raising_file(err: BaseException) -> str | None:
+    metadata = getattr(err, "ag_error_metadata", None)  # autograph re-raise: its stack maps to the source
+    stack = getattr(metadata, "translated_stack", None)
+    if stack:
+        return stack[0].filename  # innermost first
+    tb, filename = err.__traceback__, None
+    while tb is not None:
+        filename, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
+    return filename
+
+
+def _raised_by_harness(err: BaseException) -> bool:
+    filename = _raising_file(err)
+    if filename is None:
+        return False
+    path = Path(filename).resolve()
+    if not path.is_relative_to(_HARNESS):
+        return False
+    return not any(path == other or path.is_relative_to(other) for other in _NOT_REFUSALS)
+
+
+@contextlib.contextmanager
+def _full_tracebacks(k) -> Iterator[None]:
+    # Keras and TensorFlow drop their own frames from tracebacks; an error raised inside Keras would
+    # then seem to come from harness's call into it. Whole tracebacks tell who raised.
+    import tensorflow as tf
+
+    restore = []
+    if tf.debugging.is_traceback_filtering_enabled():
+        tf.debugging.disable_traceback_filtering()
+        restore.append(tf.debugging.enable_traceback_filtering)
+    if is_keras3(k) and k.config.is_traceback_filtering_enabled():
+        k.config.disable_traceback_filtering()
+        restore.append(k.config.enable_traceback_filtering)
+    try:
+        yield
+    finally:
+        for enable in restore:
+            enable()
+
+
+KINDS = tuple(v for v in VERDICTS if v != "FAIL") + ("refused", "FAIL")  # what a status can be
+
+
+def kind_of(status: str) -> str:
+    """The kind (one of ``KINDS``) of a row's status; anything unknown is a FAIL."""
+    if status in VERDICTS:
+        return status
+    return "refused" if status.startswith("refused: ") else "FAIL"
+
+
+def count(rows: Sequence[ZooRow]) -> dict[str, int]:
+    """Rows per kind of status, every kind in ``KINDS`` present."""
+    kinds = dict.fromkeys(KINDS, 0)
+    for row in rows:
+        kinds[kind_of(row.status)] += 1
+    return kinds
+
+
+def finite(value: float | None) -> float | None:
+    """``value``, or None where it is missing or not finite (JSON has no NaN)."""
+    return value if value is not None and math.isfinite(value) else None

@@ -1,0 +1,238 @@
+"""The TF x Keras x CUDA version matrix (``docker/matrix.toml``): loading and what derives from it.
+
+One file pins every supported combination; tox envs, the asv matrix, image
+build arguments and workflow matrices are derived from it or checked against it
+(``tests/unit/test_matrix.py``), so they can never silently disagree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest", "build_args", "bake_file", "CPU_BASE"]
+
+CPU_BASE = "debian:bookworm-slim"
+VARIANTS = ("cpu", "gpu")
+
+_NAME = re.compile(r"^[a-z][a-z0-9]*$")
+_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One pinned combination."""
+
+    name: str
+    tensorflow: str
+    keras: str  # "2" (bundled with TF <= 2.15), "3", "3.x.y" (pinned), or "tf-keras X.Y.Z" (legacy Keras 2)
+    python: str
+    cuda: str
+    cudnn: str
+    gpu_base: str
+    newest: bool = False
+    env: dict = field(default_factory=dict)
+
+    @property
+    def keras_major(self) -> int:
+        return 2 if self.keras == "2" or self.keras.startswith("tf-keras") else 3
+
+    @property
+    def tf_minor(self) -> str:
+        return ".".join(self.tensorflow.split(".")[:2])
+
+
+def default_path() -> Path:
+    """``docker/matrix.toml`` of the checkout harness runs from (editable install), else of the
+    current directory or its nearest parent that has one (an installed harness run in a checkout)."""
+    beside = Path(__file__).resolve().parent.parent / "docker" / "matrix.toml"
+    if beside.exists():
+        return beside
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "docker" / "matrix.toml").exists():
+            return folder / "docker" / "matrix.toml"
+    return beside
+
+
+def load_matrix(path: Path | str | None = None) -> list[Entry]:
+    """Reads and validates the matrix.
+
+    Raises:
+        ValueError: naming the entry and field that is missing or malformed,
+            duplicate names, or not exactly one ``newest`` entry.
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python < 3.11
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise RuntimeError("reading docker/matrix.toml needs Python >= 3.11 or the tomli package") from None
+
+    path = Path(path) if path is not None else default_path()
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    raw = data.get("entry")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{path}: needs [[entry]] tables; found none")
+    entries = []
+    for i, item in enumerate(raw):
+        where = f"{path}: entry {i + 1} ({item.get('name', '?')})"
+        missing = [k for k in ("name", "tensorflow", "keras", "python", "cuda", "cudnn", "gpu_base") if k not in item]
+        if missing:
+            raise ValueError(f"{where}: missing {', '.join(missing)}")
+        unknown = set(item) - set(Entry.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
+        if not _NAME.match(item["name"]):
+            raise ValueError(f"{where}: name must be lower-case letters and digits; got {item['name']!r}")
+        for key in ("tensorflow", "python", "cuda", "cudnn"):
+            if not _VERSION.match(str(item[key])):
+                raise ValueError(f"{where}: {key} must be a version like 2.21.0; got {item[key]!r}")
+        entries.append(Entry(**item))
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: entry names must be unique; got {names}")
+    if sum(e.newest for e in entries) != 1:
+        raise ValueError(f"{path}: exactly one entry must say newest = true")
+    return entries
+
+
+def newest(entries: list[Entry]) -> Entry:
+    return next(e for e in entries if e.newest)
+
+
+def tox_deps(entry: Entry) -> list[str]:
+    """The pip requirements a CPU tox env of ``entry`` installs."""
+    deps = [f"tensorflow-cpu=={entry.tensorflow}"]
+    if entry.keras.startswith("tf-keras"):
+        deps.append(f"tf-keras=={entry.keras.split()[-1]}")
+    elif _VERSION.match(entry.keras):
+        deps.append(f"keras=={entry.keras}")
+    return deps
+
+
+def _keras_requirement(entry: Entry) -> str:
+    if entry.keras.startswith("tf-keras"):
+        return f"tf-keras=={entry.keras.split()[-1]}"
+    if _VERSION.match(entry.keras):
+        return f"keras=={entry.keras}"
+    return ""  # the Keras TF itself depends on
+
+
+def build_args(entry: Entry, variant: str = "cpu", cpu_base: str = CPU_BASE) -> dict[str, str]:
+    """``docker build --build-arg`` values of ``docker/Dockerfile`` for one entry.
+
+    Args:
+        entry: the matrix entry.
+        variant: ``"cpu"`` (``tensorflow-cpu`` on Debian) or ``"gpu"``
+            (``tensorflow[and-cuda]`` on the entry's CUDA base image).
+        cpu_base: the Debian image the CPU variant starts from.
+
+    Raises:
+        ValueError: for an unknown variant.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {list(VARIANTS)}; got variant={variant!r}")
+    tf_package = "tensorflow-cpu" if variant == "cpu" else "tensorflow[and-cuda]"
+    return {
+        "BASE_IMAGE": cpu_base if variant == "cpu" else entry.gpu_base,
+        "PYTHON": entry.python,
+        "ENTRY": entry.name,
+        "VARIANT": variant,
+        "TENSORFLOW": entry.tensorflow,
+        "KERAS": entry.keras.split()[-1] if entry.keras.startswith("tf-keras") else entry.keras,
+        "TF_REQUIREMENT": f"{tf_package}=={entry.tensorflow}",
+        "KERAS_REQUIREMENT": _keras_requirement(entry),
+        "CUDA": entry.cuda,
+        "CUDNN": entry.cudnn,
+        "TF_USE_LEGACY_KERAS": entry.env.get("TF_USE_LEGACY_KERAS", "0"),
+    }
+
+
+def image_tag(entry: Entry, variant: str = "cpu") -> str:
+    """``harness:<entry>`` for the CPU image, ``harness:<entry>-gpu`` for the GPU one."""
+    return f"harness:{entry.name}" if variant == "cpu" else f"harness:{entry.name}-gpu"
+
+
+def bake_file(entries: list[Entry]) -> str:
+    """The text of ``docker/docker-bake.hcl``: one target per entry and variant.
+
+    ``docker buildx bake --file docker/docker-bake.hcl tf221`` builds the CPU
+    image of ``tf221``; ``tf221-gpu`` its GPU image; groups ``cpu`` and ``gpu``
+    build all. ``OFFLINE=1`` installs only from ``docker/wheelhouse``.
+    """
+    out = [
+        "# Generated from docker/matrix.toml by `python -m harness.ci.matrix bake > docker/docker-bake.hcl`.",
+        "# Do not edit: tests/unit/test_matrix.py fails when this file and the matrix disagree.",
+        "# Run from the repository root after `pip wheel --no-deps --wheel-dir docker/wheelhouse .`.",
+        "",
+        'variable "OFFLINE" {\n  default = "0"\n}',
+        "",
+        f'variable "CPU_BASE" {{\n  default = "{CPU_BASE}"\n}}',
+        "",
+        'group "default" {\n  targets = ["cpu"]\n}',
+        "",
+    ]
+    for variant in VARIANTS:
+        names = ", ".join(f'"{image_tag(e, variant).split(":")[1]}"' for e in entries)
+        out += [f'group "{variant}" {{\n  targets = [{names}]\n}}', ""]
+    out += ['target "_common" {\n  context    = "docker"\n  dockerfile = "Dockerfile"\n}', ""]
+    for entry in entries:
+        for variant in VARIANTS:
+            tag = image_tag(entry, variant)
+            args = build_args(entry, variant, cpu_base="${CPU_BASE}")
+            args["OFFLINE"] = "${OFFLINE}"
+            width = max(len(k) for k in args)
+            lines = [f'    {k.ljust(width)} = "{v}"' for k, v in args.items()]
+            out += [
+                f'target "{tag.split(":")[1]}" {{',
+                '  inherits = ["_common"]',
+                f'  tags     = ["{tag}"]',
+                "  args = {",
+                *lines,
+                "  }",
+                "}",
+                "",
+            ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _as_json(entries: list[Entry]) -> str:
+    import json
+    from dataclasses import asdict
+
+    return json.dumps([asdict(e) for e in entries])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.ci.matrix json|bake|build-args NAME [--gpu]`` (used by workflows and the bake file)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m harness.ci.matrix", description=main.__doc__)
+    parser.add_argument("what", choices=["json", "bake", "build-args", "names"])
+    parser.add_argument("name", nargs="?", help="the entry, for build-args")
+    parser.add_argument("--gpu", action="store_true", help="build-args of the GPU variant")
+    parser.add_argument("--file", default=None, help="the matrix file (default docker/matrix.toml)")
+    args = parser.parse_args(argv)
+    entries = load_matrix(args.file)
+    if args.what == "json":
+        print(_as_json(entries))
+    elif args.what == "names":
+        print("\n".join(e.name for e in entries))
+    elif args.what == "bake":
+        print(bake_file(entries), end="")
+    else:
+        by_name = {e.name: e for e in entries}
+        if args.name not in by_name:
+            parser.error(f"build-args needs an entry name, one of {sorted(by_name)}; got {args.name!r}")
+        for key, value in build_args(by_name[args.name], "gpu" if args.gpu else "cpu").items():
+            print(f"--build-arg={key}={value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

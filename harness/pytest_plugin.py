@@ -1,0 +1,317 @@
+"""pytest plugin: markers, device fixtures, skip rules and JUnit version properties. Opt-in.
+
+Installing harness changes no other project's pytest run: this plugin loads only
+where asked for, with ``pytest -p harness.pytest_plugin`` or, in a top-level
+``conftest.py``, ``pytest_plugins = ["harness.pytest_plugin"]`` (harness' own
+``tests/conftest.py`` does). It is the only harness module that imports pytest;
+``harness.assert_equivalent`` needs no pytest. Importing it does not import
+TensorFlow.
+
+It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, skips
+tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``),
+and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
+
+Devices. TensorFlow fixes its devices once per process, so every device a test process uses is set
+up at once, before its first TensorFlow op, by the session fixture ``harness_device_layout``:
+``--logical-devices`` logical CPUs and, for GPU tests (a run with ``multi_gpu`` tests, or
+``gpu_devices`` asked for) on a machine with one GPU, GPU 0 split into ``--gpu-devices`` logical
+GPUs with memory limits that fit every pytest-xdist worker (``plan_gpu_split``); otherwise the
+physical GPUs as they are, with memory growth on.
+``logical_devices`` (CPUs) and ``gpu_devices`` (GPUs) read it. The rule: a test that touches
+TensorFlow requests one of them before it does, and on a GPU machine a run with ``multi_gpu``
+tests sets the layout up before the first test of each process (an autouse fixture), so that a
+test touching TensorFlow without them cannot fix the devices first.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from harness.devices import gpu_count
+
+__all__ = ["plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "TestDevices"]
+
+GPU_DEVICES = 3  # logical GPUs made of a single GPU: the zoo's largest split, 5:3:2
+_GPUS_WANTED = pytest.StashKey[bool]()  # gpu_devices was requested in this process
+
+MARKERS = {
+    "gpu": "needs at least one NVIDIA GPU (skipped without one)",
+    "multi_gpu": "runs on the gpu_devices fixture's 2+ GPU devices: the physical GPUs, or one GPU split into logical "
+                 "GPUs (skipped without a GPU)",
+    "slow": "takes more than a few seconds (run with --run-slow)",
+    "docker": "builds or runs container images (run with --run-docker)",
+    "timing": "asserts measured speeds of emulated devices; must hold on a busy machine (.ci/run also runs "
+              "these beside two CPU hogs)",
+    "zoo": "model-zoo conformance beyond the fast subset: every architecture x method x split (--run-zoo or -m zoo)",
+}
+
+
+def xdist_workers() -> int:
+    """Test processes of this run that share the machine: pytest-xdist's worker count, else 1."""
+    try:
+        return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    except ValueError:
+        return 1
+
+
+def plan_gpu_split(physical: int, wanted: int, total_mib: int | None, processes: int,
+                   limit_mb: int | None = None) -> tuple[int, int | None]:
+    """How the test devices use ``physical`` GPUs: ``(logical GPUs made of GPU 0, MiB each)``.
+
+    Several GPUs are used as they are: ``(0, None)``. One GPU is split into ``wanted`` logical
+    GPUs of ``limit_mb`` MiB each, or, without it, of ``harness.devices.gpu_memory_limit_mb(
+    total_mib, processes, wanted)``: 90% of the card shared by ``processes``, 1 GiB of each
+    process's share kept for its CUDA context.
+
+    Raises:
+        ValueError: no GPU; ``wanted`` < 2; one GPU whose memory is unknown and no ``limit_mb``;
+            too little memory per logical GPU.
+
+    Example:
+        >>> plan_gpu_split(1, 3, total_mib=81559, processes=2)
+        (3, 11892)
+    """
+    from harness.devices import gpu_memory_limit_mb
+
+    if physical < 1:
+        raise ValueError(f"no GPU to lay out; got physical={physical}")
+    if physical > 1:
+        return 0, None
+    if wanted < 2:
+        raise ValueError(f"a single GPU is split into 2 or more logical GPUs; got wanted={wanted}")
+    if limit_mb is not None:
+        if isinstance(limit_mb, bool) or not isinstance(limit_mb, int) or limit_mb <= 0:
+            raise ValueError(f"--gpu-memory-limit-mb must be a positive int (MiB); got {limit_mb!r}")
+        return wanted, limit_mb
+    if total_mib is None:
+        raise ValueError("NVML cannot read GPU 0's memory, so its logical GPUs get no computed limit: "
+                         "pass --gpu-memory-limit-mb N (MiB per logical GPU)")
+    return wanted, gpu_memory_limit_mb(total_mib, processes, wanted)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("harness")
+    group.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    group.addoption("--run-docker", action="store_true", default=False, help="run tests marked docker")
+    group.addoption("--run-zoo", action="store_true", default=False,
+                    help="run the whole model zoo (tests marked zoo; also selected by -m zoo)")
+    group.addoption(
+        "--logical-devices", type=int, default=4,
+        help="logical CPU devices the logical_devices fixture creates (default 4)",
+    )
+    group.addoption("--gpu-devices", type=int, default=GPU_DEVICES,
+                    help=f"logical GPUs the gpu_devices fixture makes of a single GPU (default {GPU_DEVICES})")
+    group.addoption("--gpu-memory-limit-mb", type=int, default=None,
+                    help="MiB per logical GPU (default: 90%% of the card shared by the xdist workers, "
+                         "less 1 GiB per worker)")
+    group.addoption("--require-gpu", action="store_true", default=False,
+                    help="stop at once where the machine has no GPU, instead of skipping the gpu/multi_gpu tests")
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    if config.getoption("--require-gpu", False) and gpu_count() == 0:
+        raise pytest.UsageError("--require-gpu: this machine has no NVIDIA GPU that the driver shows (/proc/driver/"
+                                "nvidia/gpus, CUDA_VISIBLE_DEVICES); the gpu and multi_gpu tests cannot run")
+
+
+def junit_versions() -> dict[str, str]:
+    """The versions a compatibility table needs, read without importing TensorFlow."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version(),
+                "TF_USE_LEGACY_KERAS": os.environ.get("TF_USE_LEGACY_KERAS", "")}
+    for key, names in (("tensorflow", ("tensorflow", "tensorflow-cpu", "tf-nightly")), ("keras", ("keras",)),
+                       ("tf_keras", ("tf-keras",))):
+        for name in names:
+            try:
+                versions[key] = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def add_junit_property(config, name: str, value: str) -> None:
+    """A global property of the ``--junitxml`` file, if one is written (``harness.ci.compat_report`` reads them)."""
+    try:
+        from _pytest.junitxml import xml_key  # pytest >= 7: LogXML lives in the config's stash
+
+        xml = config.stash.get(xml_key, None)
+    except ImportError:
+        xml = getattr(config, "_xml", None)
+    if xml is not None:
+        xml.add_global_property(name, value)
+
+
+def pytest_sessionstart(session):
+    for key, value in junit_versions().items():  # the versions a compatibility table needs
+        add_junit_property(session.config, key, value)
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = gpu_count()
+    reasons = {
+        "gpu": None if gpus >= 1 else "needs a GPU; this machine has none",
+        "multi_gpu": None if gpus >= 1 else "needs a GPU (one GPU is split into logical GPUs); this machine has none",
+        "slow": None if config.getoption("--run-slow") else "slow: run with --run-slow",
+        "docker": None if config.getoption("--run-docker") else "docker: run with --run-docker",
+        "zoo": None if config.getoption("--run-zoo") or "zoo" in (config.getoption("markexpr") or "")
+        else "whole model zoo: run with --run-zoo or -m zoo",
+    }
+    for item in items:
+        for name, reason in reasons.items():
+            if reason and item.get_closest_marker(name) is not None:  # keywords hold folder names too
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@dataclass(frozen=True)
+class TestDevices:
+    """This test process's devices (the ``harness_device_layout`` fixture)."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    cpus: tuple[str, ...]
+    gpus: tuple[str, ...]
+    gpu_problem: str | None = None  # why there are no GPU devices (or too few), on a machine with GPUs
+
+
+def runs_gpu_layout_first(items, gpus: int) -> bool:
+    """Whether each test process sets up its devices before its first test: GPUs, and multi_gpu tests to run."""
+    return gpus >= 1 and any(item.get_closest_marker("multi_gpu") is not None for item in items)
+
+
+@pytest.fixture(scope="session")
+def harness_device_layout(request) -> TestDevices:
+    """Every device of this test process, set up at once before TensorFlow starts (see the module docstring)."""
+    from harness.devices import use_device_layout
+
+    config = request.config
+    cpus = config.getoption("--logical-devices")
+    problem, split, limit = None, 0, None
+    # GPU 0 is split only for GPU tests: where a run has none, a test asking for CPUs gets GPU 0 whole.
+    for_gpu_tests = runs_gpu_layout_first(request.session.items, gpu_count()) or config.stash.get(_GPUS_WANTED, False)
+    if gpu_count() >= 1:
+        import tensorflow as tf
+
+        physical = len(tf.config.list_physical_devices("GPU"))
+        if physical == 0:
+            problem = (f"the driver shows {gpu_count()} GPU(s) but TensorFlow sees none "
+                       "(tensorflow-cpu, or TensorFlow without its CUDA libraries?)")
+        elif for_gpu_tests:
+            try:
+                split, limit = plan_gpu_split(physical, config.getoption("--gpu-devices"), _gpu0_memory_mib(),
+                                              xdist_workers(), config.getoption("--gpu-memory-limit-mb"))
+            except ValueError as err:  # the CPU tests still run; gpu_devices fails with the reason
+                problem = f"GPU 0 is not split: {err}"
+    try:
+        layout = use_device_layout(cpus, split, limit)
+    except RuntimeError as err:
+        raise RuntimeError(f"{err} In a pytest run: request logical_devices or gpu_devices before a test touches "
+                           "TensorFlow (the harness plugin does so before the first test where the run has "
+                           "multi_gpu tests and the machine a GPU).") from err
+    return TestDevices(layout.cpus, layout.gpus, problem)
+
+
+def _gpu0_memory_mib() -> int | None:
+    from harness.bench import nvml
+
+    found = nvml.gpus()  # CUDA's numbering: found[0] is TensorFlow's GPU 0
+    return found[0].memory_total_mib if found else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _harness_gpu_layout_first(request) -> None:
+    # A test that touches TensorFlow without the device fixtures would fix the devices with GPU 0
+    # whole, and gpu_devices could no longer split it: on GPU machines, set them up first.
+    if runs_gpu_layout_first(request.session.items, gpu_count()):
+        request.getfixturevalue("harness_device_layout")
+
+
+@pytest.fixture(scope="session")
+def logical_devices(request) -> list[str]:
+    """``--logical-devices`` logical CPU devices (default 4), created once per process.
+
+    TensorFlow fixes its devices at start-up: request this fixture before any
+    test of the process touches TensorFlow (pytest-xdist gives each worker its
+    own process).
+    """
+    return list(request.getfixturevalue("harness_device_layout").cpus)
+
+
+@pytest.fixture(scope="session")
+def gpu_devices(request) -> list[str]:
+    """GPU device names for ``multi_gpu`` tests, set up once per process.
+
+    The physical GPUs where there are several (memory growth on, so that xdist workers share
+    them); on a one-GPU machine, GPU 0 split into ``--gpu-devices`` logical GPUs (default 3, the
+    zoo's largest split), each limited to ``--gpu-memory-limit-mb`` or to ``plan_gpu_split``'s share
+    of the card. A test needing more devices than it gives skips, saying so.
+
+    Fails, saying why, without a GPU (mark the test ``multi_gpu``: it is skipped there) and where
+    TensorFlow sees no GPU. Request it before the test touches TensorFlow.
+
+    Example:
+        >>> @pytest.mark.multi_gpu
+        ... def test_on_gpus(gpu_devices):
+        ...     assert_equivalent(build, x, y, devices=gpu_devices[:2], ratios=[3, 2])
+    """
+    if gpu_count() == 0:
+        pytest.fail("gpu_devices needs an NVIDIA GPU and this machine has none: mark the test multi_gpu "
+                    "(skipped without a GPU)", pytrace=False)
+    request.config.stash[_GPUS_WANTED] = True
+    devices = request.getfixturevalue("harness_device_layout")
+    if not devices.gpus:
+        pytest.fail(f"gpu_devices: no GPU device: {devices.gpu_problem}", pytrace=False)
+    if len(devices.gpus) < 2:
+        why = devices.gpu_problem or (
+            "GPU 0 was set up whole, for logical_devices, before a test of this process asked for gpu_devices: "
+            "mark the tests that use gpu_devices multi_gpu (GPU 0 is then split before the first test)")
+        pytest.fail(f"gpu_devices: only {list(devices.gpus)}: {why}", pytrace=False)
+    return list(devices.gpus)
+
+
+@pytest.fixture(scope="session")
+def keras2():
+    """The environment's Keras 2 module: ``keras`` where it is Keras 2 (TF <= 2.15), else ``tf_keras``.
+
+    Skips the test, saying why, where neither is installed; models built with
+    it are Keras 2 models, which ``harness.parallelize`` trains as such.
+    """
+    from harness.compat import keras_flavour
+
+    flavour = keras_flavour()
+    if flavour.major == 2 and flavour.package == "keras":
+        import keras
+
+        return keras
+    return pytest.importorskip("tf_keras", reason="no Keras 2 here (tf-keras, or TF 2.15's keras; the matrix's "
+                                                  "legacy and tf215 envs have one)")
+
+
+@pytest.fixture(scope="session", params=["keras3", "keras2"])
+def any_keras(request):
+    """Each Keras generation in turn: Keras 3 (``keras`` >= 3), then Keras 2 (the ``keras2`` fixture).
+
+    A test written once with it runs on both generations where both are
+    installed; the generation missing here is skipped, saying why.
+    """
+    if request.param == "keras2":
+        return request.getfixturevalue("keras2")
+    from importlib import metadata
+
+    try:
+        major = int(metadata.version("keras").split(".")[0])
+    except metadata.PackageNotFoundError:
+        major = 0
+    if major < 3:
+        pytest.skip("no Keras 3 here (the keras package is Keras 2 or absent)")
+    import keras
+
+    return keras
+
