@@ -24,6 +24,7 @@ __all__ = [
     "tune",
     "Rebalance",
     "step_watchdog",
+    "use_cluster",
 ]
 
 _LAZY = {
@@ -36,6 +37,7 @@ _LAZY = {
     "tune": "harness.bench.tuning.tuner",
     "Rebalance": "harness.parallel.rebalance",
     "step_watchdog": "harness.watchdog",
+    "use_cluster": "harness.parallel.multiworker",
 }
 
 

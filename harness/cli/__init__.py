@@ -11,7 +11,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.cli import bench, calibrate, check, compare, docker, env, matrix, run, tune
+    from harness.cli import bench, calibrate, check, compare, docker, env, launch, matrix, run, tfconfig, tune
 
     parser = argparse.ArgumentParser(
         prog="harness",
@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (run, compare, tune, calibrate, check, env, bench, docker, matrix):
+    for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, docker, matrix):
         module.add_parser(sub)
     return parser
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import Enum
 
+from harness.cluster import Cluster
 from harness.emulate import emulator_for
 from harness.split import validate_ratios
 
@@ -24,7 +25,7 @@ METHODS = tuple(m.value for m in Method)
 
 def parallelize(
     model,
-    devices: int | Sequence[str | int],
+    devices: int | Sequence[str | int] | Cluster,
     ratios: Sequence[float] | str | None = None,
     method: str = "mirrored",
     sync_batchnorm: bool = True,
@@ -47,7 +48,10 @@ def parallelize(
             ``train_step``/``test_step``/``compute_loss`` is refused
             (``NotImplementedError``): the parallel steps would skip it.
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
-            for the first N GPUs (the first N logical CPUs without a GPU).
+            for the first N GPUs (the first N logical CPUs without a GPU); or the
+            ``harness.use_cluster()`` of a multi-worker run (``method="mirrored"``;
+            ``ratios`` then has one entry per replica of ``cluster.devices``,
+            worker 0's first: ``harness.parallel.multiworker``).
         ratios: one positive number per device; ``None`` splits evenly.
             ``"auto"`` starts even and tunes the split while it trains: every
             ``fit`` gets a built-in ``harness.Rebalance`` (``model.rebalancer``)
@@ -101,14 +105,27 @@ def parallelize(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
         )
     _refuse_own_train_step(model)
-    names = resolve_devices(devices)
+    cluster = devices if isinstance(devices, Cluster) else None
+    if cluster is not None and method != "mirrored":
+        raise ValueError(f"across workers (a harness.use_cluster() cluster as devices) method must be 'mirrored'; "
+                         f"got method={method!r}")
+    names = list(devices.devices) if isinstance(devices, Cluster) else resolve_devices(devices)
     auto = _is_auto(ratios)  # True for "auto", False for None or a sequence; raises for any other str
     ratios = validate_ratios([1.0] * len(names) if ratios is None or isinstance(ratios, str) else ratios, len(names))
-    merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
+    if cluster is not None:
+        merge = cluster.local_devices[0] if merge_device is None else merge_device
+    else:
+        merge = names[0] if merge_device is None else resolve_devices([merge_device])[0]
     adapter = adapter_for(model)
     refused = adapter.unsupported(model, method, sync_batchnorm)
     if refused:
         raise adapter.unsupported_error(model, method, refused)
+    if cluster is not None:
+        from harness.parallel.multiworker import multiworker_class
+
+        if emulate is not None or auto:
+            raise NotImplementedError("across workers, emulated devices and ratios='auto' are not supported yet")
+        return multiworker_class(adapter)(model, cluster, ratios, sync_batchnorm, merge)
     if method == "towers":
         from harness.parallel.towers import towers_class as make
     else:

@@ -7,6 +7,7 @@ moments from per-device parts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -15,8 +16,8 @@ import tensorflow as tf
 
 from harness.parallel.slicing import restore_static_shape
 
-__all__ = ["strategy_for", "stock_strategy_for", "replica_device", "sum_replicas", "whole_batch", "global_moments",
-           "replica_all_reduce"]
+__all__ = ["strategy_for", "stock_strategy_for", "multiworker_strategy", "replica_device", "sum_replicas",
+           "whole_batch", "global_moments", "replica_all_reduce"]
 
 AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 
@@ -58,6 +59,28 @@ def _cross_device_ops(devices: tuple[str, ...]):
     if all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices):
         return tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])
     return None
+
+
+class _KeyedMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
+    """A MultiWorkerMirroredStrategy (TF_CONFIG's cluster) whose collective keys no stock strategy uses."""
+
+    def __init__(self, key_base: int, communication_options=None):
+        self._collective_key_base = key_base
+        super().__init__(communication_options=communication_options)
+
+
+@functools.cache
+def multiworker_strategy(timeout_s: float) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """The process' strategy over ``TF_CONFIG``'s cluster (one per process: it starts this worker's server).
+
+    Its collectives give up after ``timeout_s`` seconds (a dead peer ends the step with an
+    error instead of a hang), and it keys them above every ``strategy_for`` set.
+    """
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
+    return _KeyedMultiWorkerStrategy(HARNESS_KEY_BASE + KEYS_PER_STRATEGY * MULTIWORKER_SLOT, options)
+
+
+MULTIWORKER_SLOT = 1 << 9  # strategy_for's sets take slots 0, 1, 2, ...; the cluster's strategy this one
 
 
 @functools.cache
@@ -116,9 +139,11 @@ def global_moments(
     axes = list(axes)
 
     def local(fn, *args):
+        # No device (inside a replica): the replica's own device scope. tf.device(None) would clear it,
+        # leaving tensors without a device, which a multi-worker all-reduce cannot send anywhere.
         out = []
         for device, values in zip(devices, zip(*args)):
-            with tf.device(device):
+            with tf.device(device) if device is not None else contextlib.nullcontext():
                 out.append(fn(*values))
         return out
 

@@ -58,10 +58,17 @@ class Mirrored(ParallelModel):
 
     def __init__(self, template, devices, ratios, sync_batchnorm, merge_device, emulator=None):
         super().__init__(template, devices, ratios, sync_batchnorm, merge_device, emulator)
-        self.strategy = strategy_for(self.devices)
+        self.strategy = self._make_strategy()
         self._core_model = self._adapter.clone(template, self.strategy, self.sync_batchnorm)
         self.gather_reason: str | None = "not compiled"
         self._loss_reason: str | None = "not compiled"  # what compile() decided from the losses alone
+
+    def _make_strategy(self):
+        return strategy_for(self.devices)
+
+    def _sum_replicas(self, value):
+        """The sum of a per-replica scalar over every replica, on the merge device."""
+        return sum_replicas(self.strategy, value, self.merge_device)
 
     # -- weights -----------------------------------------------------------------
     def sync_to_template(self) -> None:
@@ -188,11 +195,11 @@ class Mirrored(ParallelModel):
             # reads them), and the replicas' shares of the loss summed.
             y_pred = self._merge([self._attach(_replica(self.strategy, y_pred, i), _replica(self.strategy, extras, i))
                                   for i in range(len(self.devices))])
-            compiled = sum_replicas(self.strategy, main, self.merge_device)
+            compiled = self._sum_replicas(main)
         else:
             y_pred = self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0))
             compiled = _replica(self.strategy, main, 0)
-        extra = sum_replicas(self.strategy, extra, self.merge_device) + _replica(self.strategy, penalty, 0)
+        extra = self._sum_replicas(extra) + _replica(self.strategy, penalty, 0)
         return y_pred, extra, compiled
 
     def _parallel_forward(self, x):
@@ -209,7 +216,7 @@ class Mirrored(ParallelModel):
         y_local, extras, extra = self.strategy.run(replica_forward, args=(x_parts,))
         parts = [self._attach(_replica(self.strategy, y_local, i), _replica(self.strategy, extras, i))
                  for i in range(len(self.devices))]
-        return self._merge(parts), sum_replicas(self.strategy, extra, self.merge_device)
+        return self._merge(parts), self._sum_replicas(extra)
 
 
 @functools.cache

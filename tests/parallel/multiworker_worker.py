@@ -1,0 +1,87 @@
+"""One worker of a multi-worker equivalence run (started by tests/parallel/test_multiworker.py via harness launch).
+
+Every worker trains the same model on the same global batches with ``parallelize(model, cluster, ratios)``;
+the chief (worker 0) also trains it on one device and prints one JSON line: ``RESULT {...}`` with the
+largest weight deviation and both runs' per-epoch losses.
+
+Usage: python multiworker_worker.py MODEL RATIOS SAMPLES BATCH [--sample-weight] [--epochs N]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("model", choices=["dense", "bn"])
+    p.add_argument("ratios")
+    p.add_argument("samples", type=int)
+    p.add_argument("batch", type=int)
+    p.add_argument("--sample-weight", action="store_true")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--die-at-step", type=int, default=None,
+                   help="worker 1 kills itself (SIGKILL) before this training step: a lost peer")
+    args = p.parse_args()
+
+    import harness
+
+    cluster = harness.use_cluster(timeout_s=30)  # first: it starts this worker's server
+    import keras
+    import numpy as np
+
+    def build():
+        keras.utils.set_random_seed(0)
+        layers = [keras.Input((6,)), keras.layers.Dense(16, activation="tanh")]
+        if args.model == "bn":
+            layers.append(keras.layers.BatchNormalization())
+        layers.append(keras.layers.Dense(2))
+        return keras.Sequential(layers)
+
+    rng = np.random.RandomState(0)
+    x = rng.rand(args.samples, 6).astype("float32")
+    y = np.stack([x.sum(1), x[:, 0] - x[:, 1]], axis=1).astype("float32")
+    weights = rng.rand(args.samples).astype("float32") + 0.5 if args.sample_weight else None
+    ratios = [float(r) for r in args.ratios.split(":")]
+
+    template = build()
+    parallel = harness.parallelize(template, cluster, ratios=ratios)
+    parallel.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    callbacks = []
+    if args.die_at_step is not None and cluster.index == 1:
+        import signal
+
+        class Die(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                if batch == args.die_at_step:
+                    print("dying", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        callbacks.append(Die())
+    history = parallel.fit(x, y, sample_weight=weights, batch_size=args.batch, epochs=args.epochs, verbose=0,
+                           shuffle=False, callbacks=callbacks)
+    evaluated = parallel.evaluate(x, y, batch_size=args.batch, verbose=0)
+    predicted = parallel.predict(x, batch_size=args.batch, verbose=0)
+    if not cluster.is_chief:
+        print("RESULT " + json.dumps({"worker": cluster.index, "loss": history.history["loss"],
+                                      "evaluate": float(evaluated)}), flush=True)
+        return 0
+    single = build()
+    single.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference = single.fit(x, y, sample_weight=weights, batch_size=args.batch, epochs=args.epochs, verbose=0,
+                           shuffle=False)
+    deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(template.get_weights(), single.get_weights()))
+    print("RESULT " + json.dumps({
+        "worker": cluster.index, "devices": list(cluster.devices), "deviation": deviation,
+        "loss": history.history["loss"], "single_loss": reference.history["loss"],
+        "evaluate": float(evaluated), "single_evaluate": float(single.evaluate(x, y, batch_size=args.batch, verbose=0)),
+        "predict_deviation": float(np.max(np.abs(predicted - single.predict(x, batch_size=args.batch, verbose=0)))),
+    }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
