@@ -29,7 +29,7 @@ def main() -> int:
 
     import harness
 
-    cluster = harness.use_cluster(timeout_s=30)  # first: it starts this worker's server
+    cluster = harness.use_cluster(timeout_s=120)  # first: it starts this worker's server; generous on a busy host
     import keras
     import numpy as np
 
