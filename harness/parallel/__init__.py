@@ -121,8 +121,9 @@ def parallelize(
     if refused:
         raise adapter.unsupported_error(model, method, refused)
     if cluster is not None:
-        from harness.parallel.multiworker import multiworker_class
+        from harness.parallel.multiworker import multiworker_class, refuse_across_workers
 
+        refuse_across_workers(model, adapter)
         if emulate is not None or auto:
             raise NotImplementedError("across workers, emulated devices and ratios='auto' are not supported yet")
         return multiworker_class(adapter)(model, cluster, ratios, sync_batchnorm, merge)

@@ -75,6 +75,26 @@ def lost_peer_message(err: Exception, cluster: Cluster) -> str:
     return f"worker {cluster.index}: a collective across the {cluster.workers} workers failed: {reason}"
 
 
+def refuse_across_workers(model, adapter) -> None:
+    """What does not train exactly across workers yet is refused, by name (never a silent drift).
+
+    Keras 2 BatchNormalization: its moving averages drift across workers (a 2-worker 1:2 run:
+    0.0094 from one device, the trainable weights and the loss exact).
+
+    Raises:
+        NotImplementedError: naming the layers.
+    """
+    from harness.compat import is_keras2_model
+
+    if not is_keras2_model(model):
+        return
+    layers = [m.name for m in model.submodules if isinstance(m, adapter.k.layers.BatchNormalization)]
+    if layers:
+        raise NotImplementedError(
+            f"across workers, Keras 2 (tf_keras) BatchNormalization layers {layers} of model {model.name!r} are not "
+            "exact yet (their moving averages drift); use a Keras 3 model, or train this one on one worker")
+
+
 class MultiWorker(Mirrored):
     """A mirrored model whose replicas span the workers of a ``Cluster``."""
 

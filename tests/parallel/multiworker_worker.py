@@ -23,6 +23,7 @@ def main() -> int:
     p.add_argument("batch", type=int)
     p.add_argument("--sample-weight", action="store_true")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--keras2", action="store_true", help="a Keras 2 (tf_keras) model")
     p.add_argument("--die-at-step", type=int, default=None,
                    help="worker 1 kills itself (SIGKILL) before this training step: a lost peer")
     args = p.parse_args()
@@ -30,8 +31,12 @@ def main() -> int:
     import harness
 
     cluster = harness.use_cluster(timeout_s=120)  # first: it starts this worker's server; generous on a busy host
-    import keras
     import numpy as np
+
+    if args.keras2:
+        import tf_keras as keras
+    else:
+        import keras
 
     def build():
         keras.utils.set_random_seed(0)

@@ -39,8 +39,11 @@ def _cluster_run(workers: int, *args: str, keep_going: bool = False, timeout_s: 
     (2, ["dense", "3:1", "62", "20"]),  # last batch 2: one row per worker
     (2, ["bn", "1:2", "61", "20", "--sample-weight"]),  # last batch 1: fewer rows than replicas
     (3, ["bn", "5:3:2", "45", "16"]),  # last batch 13
-], ids=["2w-dense-3:1", "2w-bn-1:2-weights", "3w-bn-5:3:2"])
+    (2, ["dense", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # a Keras 2 (tf_keras) model
+], ids=["2w-dense-3:1", "2w-bn-1:2-weights", "3w-bn-5:3:2", "2w-keras2-dense-1:2-weights"])
 def test_a_cluster_step_equals_the_single_device_step(workers, args):
+    if "--keras2" in args:
+        pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
     result, reports, output, _ = _cluster_run(workers, *args)
     assert result.status == 0, output[-6000:]
     assert sorted(reports) == list(range(workers)), output[-6000:]
@@ -73,3 +76,18 @@ def test_use_cluster_without_tf_config_says_how_to_start_workers():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "ValueError: TF_CONFIG is not set: start the workers with `harness launch --workers N -- ...`" in done.stderr
+
+
+def test_what_is_not_exact_across_workers_yet_is_refused_by_name(logical_devices, keras2):
+    import harness
+    from harness.cluster import Cluster
+
+    task = "/job:worker/replica:0/task:{}/device:CPU:0"
+    cluster = Cluster(index=0, workers=2, local_devices=(task.format(0),), devices=(task.format(0), task.format(1)),
+                      strategy=None)  # refused before the strategy is used
+    layers = keras2.layers
+    model = keras2.Sequential([keras2.Input((3,)), layers.Dense(4), layers.BatchNormalization(name="bn1")])
+    with pytest.raises(NotImplementedError, match=r"Keras 2 \(tf_keras\) BatchNormalization layers \['bn1'\]"):
+        harness.parallelize(model, cluster, ratios=[1, 2])
+    with pytest.raises(ValueError, match="method must be 'mirrored'; got method='towers'"):
+        harness.parallelize(model, cluster, ratios=[1, 2], method="towers")
