@@ -72,8 +72,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     Another process may take one before the worker binds it; the launcher reports
     such a worker's failure like any other.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an int >= 1; got {count!r}")
+    _check_count("count", count)
     sockets = []
     try:
         for _ in range(count):

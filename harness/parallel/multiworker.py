@@ -103,7 +103,6 @@ class MultiWorker(Mirrored):
             raise NotImplementedError("emulated devices are not supported across workers yet")
         self._cluster = cluster
         super().__init__(template, list(cluster.devices), ratios, sync_batchnorm, merge_device, None)
-        self.gather_reason = self._loss_reason = GATHER_REASON
 
     @property
     def cluster(self) -> Cluster:
