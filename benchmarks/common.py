@@ -35,7 +35,7 @@ from harness.bench.runner import METHODS as RUN_METHODS
 
 __all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combination", "use_devices", "all_devices",
            "emulated", "device_profiles", "setup_profiles", "split_batches", "run_config", "prepared_step",
-           "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound"]
+           "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound", "skip"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
 METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
@@ -433,3 +433,15 @@ def check_step_not_host_bound(config, model, x, y, steps: int = 3) -> None:
         model.train_on_batch(x, y)
     refuse_host_bound(model.emulator.host_bound_between(began, time.perf_counter()),
                       f"{config.method} with batches {list(config.batches)}")
+
+
+def skip(reason: str) -> None:
+    """Skips a benchmark from its timed body (asv records n/a), with the reason on stderr, as ``refuse_host_bound``."""
+    import sys
+
+    print(f"harness benchmark skipped: {reason}", file=sys.stderr)
+    try:
+        from asv_runner.benchmarks.mark import SkipNotImplemented
+    except ImportError:  # not under asv (a direct call): a plain NotImplementedError says the same
+        raise NotImplementedError(reason) from None
+    raise SkipNotImplemented(reason)

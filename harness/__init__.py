@@ -25,6 +25,7 @@ __all__ = [
     "Rebalance",
     "step_watchdog",
     "use_cluster",
+    "BackupAndRestore",
 ]
 
 _LAZY = {
@@ -38,6 +39,7 @@ _LAZY = {
     "Rebalance": "harness.parallel.rebalance",
     "step_watchdog": "harness.watchdog",
     "use_cluster": "harness.parallel.multiworker",
+    "BackupAndRestore": "harness.parallel.backup",
 }
 
 

@@ -20,8 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["tf_config", "free_ports", "parse_address", "dumps", "from_kubernetes", "from_slurm",
+__all__ = ["DEVICES_VARIABLE", "tf_config", "free_ports", "parse_address", "dumps", "from_kubernetes", "from_slurm",
            "slurm_hostnames", "Cluster", "read_tf_config"]
+
+DEVICES_VARIABLE = "HARNESS_WORKER_DEVICES"  # a worker's device count: set by harness launch, read by use_cluster
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -232,20 +234,33 @@ def from_slurm(environ: Mapping[str, str], *, port: int,
 class Cluster:
     """This process' place in a multi-worker cluster (``harness.use_cluster``); pass it as ``devices``.
 
-    ``devices`` lists every replica's device of the cluster in replica order (worker 0's
-    first): ``parallelize(model, cluster, ratios=...)`` takes one ratio per entry.
+    ``devices`` lists every device of the cluster, worker by worker (worker 0's first), each
+    worker's as many as ``devices_per_worker`` says: ``parallelize(model, cluster, ratios=...)``
+    takes one ratio per entry. ``local_devices`` are this worker's (its towers).
     """
 
     index: int  # this worker; 0 is the chief (it saves and checkpoints)
     workers: int
     local_devices: tuple[str, ...]
     devices: tuple[str, ...]
-    strategy: Any  # the tf.distribute.MultiWorkerMirroredStrategy over the cluster
+    strategy: Any  # the tf.distribute.MultiWorkerMirroredStrategy over the cluster (one replica per worker)
     addresses: tuple[str, ...] = ()  # each worker's host:port (TF_CONFIG)
+    devices_per_worker: tuple[int, ...] = ()  # () : one device per worker
 
     @property
     def is_chief(self) -> bool:
         return self.index == 0
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Each worker's device count."""
+        return self.devices_per_worker or (1,) * self.workers
+
+    def worker_slice(self, worker: int | None = None) -> slice:
+        """Where worker ``worker``'s devices (default: this worker's) sit in ``devices`` (and in the ratios)."""
+        worker = self.index if worker is None else worker
+        start = sum(self.counts[:worker])
+        return slice(start, start + self.counts[worker])
 
 
 def read_tf_config(environ: Mapping[str, str] | None = None) -> dict:

@@ -61,6 +61,7 @@ def use_logical_devices(
     device_type: str = "CPU",
     memory_limits_mb: Sequence[int] | None = None,
     inter_op_threads: int | None = None,
+    start: bool = True,
 ) -> list[str]:
     """Splits the first physical CPU or GPU into ``count`` logical devices.
 
@@ -74,6 +75,9 @@ def use_logical_devices(
         memory_limits_mb: for GPUs, one limit per logical device (MiB).
         inter_op_threads: at least this many threads run independent ops at
             once (emulated devices block one each while they sleep).
+        start: list the devices, which starts TensorFlow's runtime; ``False``
+            leaves it unstarted (for a multi-worker strategy, which must
+            configure it first) and returns the names the devices will have.
 
     Returns:
         The logical device names, e.g. ``["/device:CPU:0", "/device:CPU:1"]``.
@@ -114,6 +118,8 @@ def use_logical_devices(
             f"{current}; use_logical_devices({count}) must run before any TensorFlow op. "
             "Call it first in the process (or run each device layout in its own process)."
         ) from err
+    if not start:
+        return [f"/device:{kind}:{i}" for i in range(count)]
     return [d.name for d in tf.config.list_logical_devices(kind)]
 
 

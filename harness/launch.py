@@ -1,7 +1,9 @@
 """``harness launch``: N local worker processes of one command, a loopback cluster for multi-worker runs.
 
 Each worker gets ``TF_CONFIG`` (``harness.cluster.tf_config``) naming every worker on a free
-loopback port, plus ``HARNESS_WORKER_INDEX`` and ``HARNESS_WORKERS``. Their output is
+loopback port, plus ``HARNESS_WORKER_INDEX`` and ``HARNESS_WORKERS`` (and, with
+``devices_per_worker``, ``HARNESS_WORKER_DEVICES``: how many devices ``harness.use_cluster``
+gives that worker). Their output is
 interleaved line by line, each line prefixed ``[worker i]``. The launch ends:
 
 - with status 0 when every worker exits 0;
@@ -30,13 +32,30 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from harness.cluster import dumps, free_ports, tf_config
+from harness.cluster import DEVICES_VARIABLE, dumps, free_ports, tf_config
 
-__all__ = ["launch", "LaunchResult", "TIMEOUT_STATUS", "INTERRUPT_STATUS"]
+__all__ = ["launch", "LaunchResult", "TIMEOUT_STATUS", "INTERRUPT_STATUS", "DEVICES_VARIABLE", "device_counts"]
 
 TIMEOUT_STATUS = 124  # as timeout(1)
 INTERRUPT_STATUS = 130  # as a shell after Ctrl-C
 _POLL_S = 0.05
+
+
+def device_counts(counts: Sequence[int] | None, workers: int) -> list[int] | None:
+    """Each worker's device count: one count for every worker, or one per worker (None: not set).
+
+    Raises:
+        ValueError: naming the bad value: a count that is not an int >= 1, or neither 1 nor ``workers`` counts.
+    """
+    if counts is None:
+        return None
+    counts = list(counts)
+    for count in counts:
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"a worker's device count must be an int >= 1; got {count!r} in {counts}")
+    if len(counts) not in (1, workers):
+        raise ValueError(f"give one device count for every worker or one per worker ({workers}); got {counts}")
+    return counts * workers if len(counts) == 1 else counts
 
 
 @dataclass
@@ -92,6 +111,7 @@ def launch(
     host: str = "127.0.0.1",
     env: Mapping[str, str] | None = None,
     worker_env: Callable[[int], Mapping[str, str]] | None = None,
+    devices_per_worker: Sequence[int] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
     timeout_s: float | None = None,
@@ -106,6 +126,8 @@ def launch(
         host: the loopback address the workers listen on.
         env: the workers' environment (default: this process's), before the cluster's variables.
         worker_env: extra variables per worker index (e.g. its emulated devices).
+        devices_per_worker: how many devices each worker trains on (``HARNESS_WORKER_DEVICES``, read by
+            ``harness.use_cluster``): one count for all, or one per worker, e.g. ``[1, 2]``.
         out: where the prefixed output lines go (default ``sys.stdout``).
         err: where the launcher's own lines go (default ``sys.stderr``).
         timeout_s: stop every worker after this many seconds (status 124); None: no limit.
@@ -115,7 +137,7 @@ def launch(
 
     Raises:
         ValueError: naming the bad value: an empty command, ``workers`` not an int >= 1, a timeout or
-            grace that is not a positive number.
+            grace that is not a positive number, bad ``devices_per_worker`` (``device_counts``).
         FileNotFoundError: the program does not exist (no worker is left running).
     """
     command = list(command)
@@ -127,6 +149,7 @@ def launch(
         raise ValueError(f"timeout must be > 0 seconds; got {timeout_s!r}")
     if not grace_s > 0:
         raise ValueError(f"grace must be > 0 seconds; got {grace_s!r}")
+    counts = device_counts(devices_per_worker, workers)
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     addresses = [f"{host}:{port}" for port in free_ports(workers, host)]
@@ -138,7 +161,8 @@ def launch(
     start = time.monotonic()
     try:
         for index in range(workers):  # all started before any reader thread (fork with few threads)
-            worker = {**base, **(worker_env(index) if worker_env else {}),
+            worker = {**base, **({DEVICES_VARIABLE: str(counts[index])} if counts else {}),
+                      **(worker_env(index) if worker_env else {}),
                       "TF_CONFIG": dumps(tf_config(addresses, index)),
                       "HARNESS_WORKER_INDEX": str(index), "HARNESS_WORKERS": str(workers),
                       "PYTHONUNBUFFERED": "1"}

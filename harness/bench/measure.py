@@ -6,7 +6,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-__all__ = ["StepTimes", "Window", "time_train_steps", "window_callback"]
+__all__ = ["StepTimes", "Window", "time_train_steps", "window_callback", "lockstep_windows"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,77 @@ def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_ste
                 self.model.stop_training = True
 
     return _Windows()
+
+
+def lockstep_windows(exchange, probe_steps: int = 3):
+    """A ``window_callback`` maker for the workers of one cluster: every worker cuts its windows at the same steps.
+
+    A synchronous cluster's workers end each step together, but each would close a timed window
+    by its own clock, a step apart now and then; the last window's worker that stopped first
+    would leave the others waiting in the next step's collectives. Here the windows have a
+    fixed number of steps, agreed once: after the warm-up, ``probe_steps`` more untimed steps
+    are timed, ``exchange`` shares each worker's mean step time, and every window takes
+    ``max(1, round(seconds / slowest))`` steps. Each worker times its windows by its own clock.
+
+    Args:
+        exchange: ``exchange(step_seconds) -> [each worker's step_seconds]``; a collective that
+            every worker calls at the same step.
+        probe_steps: untimed steps after the warm-up whose mean time sets the window length (>= 1).
+
+    Returns:
+        A function taking ``window_callback``'s keyword arguments and returning the callback (whose
+        ``windows`` lists the finished windows and ``steps_per_window`` the agreed length).
+    """
+    import keras
+
+    if isinstance(probe_steps, bool) or not isinstance(probe_steps, int) or probe_steps < 1:
+        raise ValueError(f"probe_steps must be an int >= 1; got {probe_steps!r}")
+
+    def make(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None, on_step=None):
+        if not seconds > 0 or windows < 1 or warmup_steps < 1:
+            raise ValueError(
+                f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
+                f"warmup_steps={warmup_steps}"
+            )
+
+        class _Lockstep(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.windows: list[Window] = []
+                self.steps_per_window: int | None = None
+                self.probe_seconds: list[float] = []  # each worker's mean probe step
+                self._warm = 0
+                self._start: float | None = None
+                self._steps = 0
+
+            def on_train_batch_end(self, batch, logs=None):
+                now = time.perf_counter()
+                if self.steps_per_window is None:
+                    self._warm += 1
+                    if on_step is not None:
+                        on_step("warmup", self._warm, 0.0)
+                    if self._warm == warmup_steps:
+                        self._start = now
+                    elif self._warm == warmup_steps + probe_steps:
+                        assert self._start is not None
+                        self.probe_seconds = [float(s) for s in exchange((now - self._start) / probe_steps)]
+                        self.steps_per_window = max(1, round(seconds / max(self.probe_seconds)))
+                        self._start = time.perf_counter()  # after the exchange: the next step starts now
+                    return
+                assert self._start is not None
+                self._steps += 1
+                if on_step is not None:
+                    on_step(len(self.windows), self._steps, now - self._start)
+                if self._steps < self.steps_per_window:
+                    return
+                window = Window(len(self.windows), self._start, now, self._steps, self._steps * batch_size)
+                self.windows.append(window)
+                if on_window is not None:
+                    on_window(window)
+                self._start, self._steps = now, 0
+                if len(self.windows) >= windows:
+                    self.model.stop_training = True
+
+        return _Lockstep()
+
+    return make

@@ -21,7 +21,7 @@ from harness.emulate import EmulatedDevice
 from harness.parallel import METHODS as METHODS_OF_PARALLEL
 from harness.parallel import Method
 
-__all__ = ["RunMethod", "RunConfig", "run_one", "build_model", "gpu_index", "host_bound", "SOURCES"]
+__all__ = ["RunMethod", "RunConfig", "run_one", "train_windows", "build_model", "gpu_index", "host_bound", "SOURCES"]
 
 SOURCES = {
     "emulated": "emulated device: its own busy time (begin/end of its slice)",
@@ -201,14 +201,40 @@ def run_one(
         not slow down to their rates (``host_bound(result)``): their figures
         are the host's speed, not the emulation's.
     """
+    from harness.bench import workloads
+
+    workload = workloads.get(config.model)
+    return train_windows(config, build_model(config, workload), workload, telemetry=telemetry, on_window=on_window,
+                         on_step=on_step)
+
+
+def train_windows(
+    config: RunConfig,
+    model,
+    workload=None,
+    *,
+    telemetry=None,
+    on_window: Callable[[dict], None] | None = None,
+    on_step: Callable[[str | int, int, float], None] | None = None,
+    windows_callback: Callable[..., Any] | None = None,
+    measured: Sequence[str] | None = None,
+) -> dict:
+    """``run_one`` on a model already built and compiled for ``config`` (``build_model``, or a cluster's).
+
+    Args:
+        windows_callback: makes the callback that cuts training into windows, with
+            ``harness.bench.measure.window_callback``'s keyword arguments (the default); a cluster's
+            workers pass one that cuts every worker's windows at the same steps.
+        measured: the devices this process measures (default: all of ``config.devices``); a cluster
+            worker measures its own, and its window records list only them.
+    """
     import tensorflow as tf
 
     from harness.bench import workloads
     from harness.bench.measure import window_callback
     from harness.bench.workloads import pipeline
 
-    workload = workloads.get(config.model)
-    model = build_model(config, workload)
+    workload = workloads.get(config.model) if workload is None else workload
     emulator = getattr(model, "emulator", None)  # a stock Keras model (method 'keras') has none
     dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
                                     input_delay_ms=config.input_delay_ms)
@@ -220,7 +246,7 @@ def run_one(
         result["rebalance"] = history
 
     def finished(window):
-        record = _window_record(window, config, emulator, telemetry, _current_batches(config, model))
+        record = _window_record(window, config, emulator, telemetry, _current_batches(config, model), measured)
         if history is not None:
             seen = sum(len(w["resplits"]) for w in result["windows"])
             record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
@@ -228,8 +254,9 @@ def run_one(
         if on_window is not None:
             on_window(result["windows"][-1])
 
-    callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
-                               warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
+    callback = (windows_callback or window_callback)(
+        batch_size=config.batch, seconds=config.seconds, windows=config.windows, warmup_steps=config.warmup_steps,
+        on_window=finished, on_step=on_step)
     try:
         with _placement(config):
             model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback],
@@ -246,23 +273,26 @@ def run_one(
     return result
 
 
-def build_model(config: RunConfig, workload=None):
+def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None):
     """``config``'s model, parallelized and compiled as ``run_one`` trains it (asv's step timings use it too).
 
     Args:
         config: what to build: model, size, method, devices, batches (the split ratios), emulated devices.
         workload: ``harness.bench.workloads.get(config.model)``, if already looked up.
+        cluster: across workers, the ``harness.use_cluster()`` cluster (``config.devices`` are its devices).
+        strategy: the stock baseline's strategy (method 'keras'), e.g. a stock ``MultiWorkerMirroredStrategy``
+            across workers; default: a stock MirroredStrategy over ``config.devices`` (or none on one).
     """
     from harness.bench import workloads
     from harness.parallel import parallelize
 
     workload = workloads.get(config.model) if workload is None else workload
     if config.method == RunMethod.KERAS:
-        return _stock_model(config, workload)
+        return _stock_model(config, workload, strategy)
     template = workload.build(config.size, seed=config.seed)
     method = "towers" if config.method == RunMethod.SINGLE else config.method
-    model = parallelize(template, list(config.devices), ratios=list(config.batches), method=method,
-                        emulate=config.emulate)
+    model = parallelize(template, list(config.devices) if cluster is None else cluster, ratios=list(config.batches),
+                        method=method, emulate=config.emulate)
     model.compile(optimizer=workload.optimizer(), loss=workload.loss())
     return model
 
@@ -278,14 +308,14 @@ def _placement(config: RunConfig):
     return contextlib.nullcontext()
 
 
-def _stock_model(config: RunConfig, workload):
+def _stock_model(config: RunConfig, workload, strategy=None):
     """The stock baseline (``harness.bench.stock``): the workload's model as Keras trains it, no harness in its step."""
     from harness.bench.stock import stock_model
     from harness.emulate import emulator_for
 
     return stock_model(lambda: workload.build(config.size, seed=config.seed),
                        lambda model: model.compile(optimizer=workload.optimizer(), loss=workload.loss()),
-                       config.devices, emulator_for(config.emulate, config.devices))
+                       config.devices, emulator_for(config.emulate, config.devices), strategy=strategy)
 
 
 def _extra_callbacks(config: RunConfig, model) -> list:
@@ -346,8 +376,10 @@ def gpu_index(device: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None) -> dict:
-    """One window's figures; ``batches``: the devices' batches at its end (default: the config's).
+def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None,
+                   measured: Sequence[str] | None = None) -> dict:
+    """One window's figures; ``batches``: the devices' batches at its end (default: the config's); ``measured``:
+    the devices it lists (default: all).
 
     When the batches changed during the window (rebalancing), a device's
     samples/s counts the samples its logged steps did, not batch x steps.
@@ -360,6 +392,8 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
     moving = batches is not None and config.rebalance_every is not None
     devices = []
     for device, batch in zip(config.devices, config.batches if batches is None else batches):
+        if measured is not None and device not in measured:
+            continue
         samples = busy[device].samples if moving and device in busy else batch * window.steps
         row = {"device": device, "batch": batch, "samples_per_second": samples / window.seconds,
                "source": _source(device, emulator, telemetry)}

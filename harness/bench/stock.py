@@ -25,7 +25,7 @@ __all__ = ["stock_model", "emulated_class", "keras"]
 
 
 def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], devices: Sequence[str],
-                emulator=None):
+                emulator=None, strategy=None):
     """A compiled stock Keras model over ``devices``: ``build()`` in the right scope, then ``compile_model(model)``.
 
     Args:
@@ -33,6 +33,9 @@ def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], 
         compile_model: compiles it (called in the strategy's scope).
         devices: one device (plain Keras) or several (a stock MirroredStrategy, one per device set and process).
         emulator: a ``harness.emulate.Emulator`` of these devices, or None.
+        strategy: the stock strategy to train under instead, whose replicas are ``devices`` in order (replica
+            ``i`` of the sync group runs on ``devices[i]``): a stock ``MultiWorkerMirroredStrategy`` across
+            workers, one replica per worker.
     """
     import tensorflow as tf
 
@@ -40,7 +43,10 @@ def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], 
     from harness.parallel.collective import stock_strategy_for
 
     devices = tuple(devices)
-    scope = tf.device(devices[0]) if len(devices) == 1 else stock_strategy_for(devices).scope()
+    if strategy is not None:
+        scope = strategy.scope()
+    else:
+        scope = tf.device(devices[0]) if len(devices) == 1 else stock_strategy_for(devices).scope()
     with scope:
         model = build()
         if emulator is not None:

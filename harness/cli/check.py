@@ -10,6 +10,16 @@ on 3), judged against one device and a float64 run. Each case's status is a
 verdict of ``compare_training`` (exact, as accurate as one device, exact in
 float64), refused (harness names what it does not support) or FAIL; the exit
 status is 1 if any case FAILs. Progress goes to stderr.
+
+Under ``harness launch`` (``TF_CONFIG`` set) it checks across the workers instead: each
+worker joins the cluster with its devices (``--devices-per-worker``, default one each), and
+method mirrored trains every model over all of the cluster's devices (``--ratios``: one per
+device, worker 0's first; default n:...:2:1) against one device; the chief prints the table,
+every worker exits 1 if a check fails. Step timing is single-process only.
+
+Examples:
+    harness check                                   # 3 logical CPUs, ratios 5 3 2
+    harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1
 """
 
 from __future__ import annotations
@@ -39,11 +49,12 @@ def add_parser(subparsers) -> None:
                    help="device names (e.g. /gpu:0 /gpu:1); default: --logical-cpus logical CPUs")
     p.add_argument("--logical-cpus", type=int, default=3, metavar="N",
                    help="split the CPU into N logical devices when --devices is not given (default 3)")
-    p.add_argument("--ratios", nargs="+", type=float, default=[5, 3, 2], metavar="R",
-                   help="per-device shares of each batch (default 5 3 2)")
+    p.add_argument("--ratios", nargs="+", type=float, default=None, metavar="R",
+                   help="per-device shares of each batch (default 5 3 2; across workers n ... 2 1, one per device)")
     p.add_argument("--models", nargs="+", choices=EQUIVALENCE_MODELS, default=list(EQUIVALENCE_MODELS))
-    p.add_argument("--methods", nargs="+", choices=[*PARALLEL_METHODS, "keras"], default=list(PARALLEL_METHODS),
-                   help="towers, mirrored (default both) and keras: the stock baseline, Keras fit under a stock "
+    p.add_argument("--methods", nargs="+", choices=[*PARALLEL_METHODS, "keras"], default=None,
+                   help="towers, mirrored (default both; across workers mirrored only) and keras: the stock "
+                        "baseline, Keras fit under a stock "
                         "MirroredStrategy on an even split; its deviation is reported, never failed")
     p.add_argument("--batch-size", type=int, default=20, help="global batch size (default 20)")
     p.add_argument("--samples", type=int, default=62,
@@ -83,12 +94,15 @@ def _say(args, text: str) -> None:
 
 
 def run(args) -> int:
+    if os.environ.get("TF_CONFIG"):
+        return _across_workers(args)
+    args.methods = args.methods or list(PARALLEL_METHODS)
     if args.zoo:
         return _zoo(args)
     if args.batch_size <= 0 or args.samples <= 0:
         raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
     devices = _devices(args)
-    ratios = validate_ratios(args.ratios, len(devices))
+    ratios = validate_ratios(args.ratios or [5, 3, 2], len(devices))
     _say(args, f"devices {devices}, ratios {list(ratios)}: batch {args.batch_size} -> "
                f"{list(split_batch(args.batch_size, ratios))}, last batch {args.samples % args.batch_size or '-'}")
     checks = _equivalence(args, devices, ratios)
@@ -100,6 +114,40 @@ def run(args) -> int:
         print()
     else:
         print(f"{len(checks) - len(failed)} of {len(checks)} checks within tol {args.tol:g}")
+    return 1 if failed else 0
+
+
+def _across_workers(args) -> int:
+    """The equivalence check over ``TF_CONFIG``'s cluster (method mirrored); the chief prints."""
+    if args.zoo:
+        raise ValueError("harness check --zoo runs in one process; start it without harness launch")
+    if args.devices:
+        raise ValueError("across workers, each worker's devices come from harness launch --devices-per-worker; "
+                         f"got --devices {' '.join(args.devices)}")
+    if args.batch_size <= 0 or args.samples <= 0:
+        raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
+    refused = [m for m in args.methods or [] if m != "mirrored"]
+    if refused:
+        raise ValueError(f"across workers harness check runs method mirrored only; got --methods {' '.join(refused)}")
+    from harness.parallel.multiworker import use_cluster
+
+    cluster = use_cluster()  # first: it starts this worker's server and the devices
+    count = len(cluster.devices)
+    ratios = validate_ratios(args.ratios or list(range(count, 0, -1)), count)
+    as_json = args.json
+    args.methods, args.json = ["mirrored"], as_json or not cluster.is_chief  # only the chief prints tables
+    _say(args, f"{cluster.workers} workers, devices per worker {list(cluster.counts)}, ratios {list(ratios)}: "
+               f"batch {args.batch_size} -> {list(split_batch(args.batch_size, ratios))}, "
+               f"last batch {args.samples % args.batch_size or '-'}")
+    checks = _equivalence(args, cluster, ratios)
+    failed = [c for c in checks if not c["passed"]]
+    if cluster.is_chief and as_json:
+        json.dump({"workers": cluster.workers, "devices": list(cluster.devices), "ratios": list(ratios),
+                   "equivalence": checks}, sys.stdout, indent=2)
+        print()
+    elif cluster.is_chief:
+        print(f"{len(checks) - len(failed)} of {len(checks)} checks within tol {args.tol:g} across "
+              f"{cluster.workers} workers")
     return 1 if failed else 0
 
 

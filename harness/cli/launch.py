@@ -10,6 +10,7 @@ running.
 Examples:
     harness launch --workers 2 -- python train.py
     harness launch --workers 3 --timeout 600 -- harness check
+    harness launch --workers 2 --devices-per-worker 1 2 -- harness check   # 1 device, then 2
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("launch", help="run a command as N local workers of one TF_CONFIG cluster",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", type=int, required=True, metavar="N", help="worker processes to start (>= 1)")
+    p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
+                   help="devices each worker trains on (harness.use_cluster: logical CPUs without a GPU, else "
+                        "its first N GPUs): one N for all, or one per worker")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="stop every worker after S seconds (exit 124; default: no limit)")
     p.add_argument("--grace", type=float, default=5.0, metavar="S",
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        result = launch(command, args.workers, host=args.host, timeout_s=args.timeout, grace_s=args.grace,
+        result = launch(command, args.workers, host=args.host, devices_per_worker=args.devices_per_worker,
+                        timeout_s=args.timeout, grace_s=args.grace,
                         stop_on_failure=not args.keep_going)
     finally:
         signal.signal(signal.SIGTERM, previous)

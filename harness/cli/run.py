@@ -14,6 +14,18 @@ Examples:
     harness run --logical-cpus 2 --batch 512 --method keras   # stock Keras fit under MirroredStrategy
     harness run --emulate 1000,1000 --batch 200 --rebalance 10 --throttle 1:400@40 --windows 6
                                                   # device 1 throttles at step 40; the split follows it
+    harness run --workers 2 --emulate 2000,1000 --ratios 2 1 --batch 300
+                                                  # across 2 local worker processes, one device each
+    harness run --workers 2 --emulate 2000,1000 --method keras   # stock Keras fit under MultiWorkerMirroredStrategy
+    harness run --workers 2 --devices-per-worker 1 2 --emulate 1000,500,500 --ratios 2 1 1
+
+Across workers (--workers N), harness launches N local workers of one loopback cluster
+(harness launch); each runs this command in worker mode, joins the cluster with
+harness.use_cluster and trains the same global batches (--method mirrored, the default;
+--method keras: Keras fit under a stock MultiWorkerMirroredStrategy, one replica per
+worker). --emulate, --ratios and --batches cover every device of the cluster, worker by
+worker. Each window prints every device, each worker's samples/s (its rows per step over
+its step time) and the total; the chief's figures are the run's record.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -47,6 +60,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--throttle", nargs="+", metavar="INDEX:RATE@STEP",
                    help="emulated device INDEX drops (or rises) to RATE samples/s from training step STEP on, "
                         "e.g. 1:400@40 (needs --emulate)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="train across N local worker processes of one loopback cluster (harness launch, "
+                        "harness.use_cluster; --method keras: a stock MultiWorkerMirroredStrategy); --emulate, "
+                        "--ratios and --batches then cover every device of the cluster, worker by worker")
+    p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
+                   help="with --workers: devices each worker trains on, one N for all or one per worker "
+                        "(default 1; logical CPU devices, emulated or not; with GPUs each worker gets its own)")
     p.set_defaults(run=run)
 
 
@@ -94,9 +114,10 @@ def _batches(args, devices) -> tuple[int, ...]:
     return split_batch(batch, [1.0] * len(devices) if args.ratios is None else args.ratios)
 
 
-def _precheck(args) -> None:
+def _precheck(args, count: int | None = None) -> None:
+    """Checks the options before TensorFlow starts; ``count``: the devices, when the caller knows them."""
     options.check_common(args)
-    count = options.expected_device_count(args)
+    count = options.expected_device_count(args) if count is None else count
     if args.batches is not None and count is not None and len(args.batches) != count:
         raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {count} devices: give one "
                          "per device")
@@ -128,8 +149,13 @@ def _precheck_rebalance(args, count: int | None) -> None:
 
 
 def run(args) -> int:
+    from harness.bench.cluster_run import WORKER_VARIABLE
     from harness.bench.runner import RunConfig
 
+    if os.environ.get(WORKER_VARIABLE):
+        return _worker(os.environ[WORKER_VARIABLE])
+    if args.workers is not None or args.devices_per_worker is not None:
+        return run_cluster(args)
     _precheck(args)
     setup = options.setup_devices(args)
     method = args.method or ("towers" if len(setup.devices) > 1 else "single")
@@ -146,6 +172,146 @@ def run(args) -> int:
         out.say("; ".join([f"rebalancing every {config.rebalance_every} steps"] * bool(config.rebalance_every)
                           + [f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle]))
     result = out.guard(lambda: execute(config, setup, out))
+    out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
+               error=result["error"])
+    if args.json:
+        json.dump(out.record, sys.stdout, indent=2, default=str)
+        print()
+    elif result["status"] == "complete":
+        print(summary_text(result, setup))
+    _warn_host_bound(result)
+    if result["status"] != "complete":
+        print(f"harness run: {result['status']}: {result['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _worker(plan_json: str) -> int:
+    """Worker mode: one worker of ``harness run --workers`` (its plan in the environment, from the parent)."""
+    from harness.bench.cluster_run import ClusterPlan, run_worker
+
+    return run_worker(ClusterPlan.from_json(json.loads(plan_json)))
+
+
+def cluster_plan(args):
+    """``(ClusterPlan, RunConfig, DeviceSetup)`` of ``harness run --workers``: the options checked before any
+    worker starts (no TensorFlow), device names as the cluster will give them.
+
+    Raises:
+        ValueError: naming the option: a bad worker or device count, options that do not run across workers
+            (--devices, --logical-cpus, --rebalance, --method single/towers), several devices per worker with
+            --method keras, --emulate/--ratios/--batches that do not give one entry per device of the cluster.
+    """
+    from harness.bench.cluster_run import CLUSTER_METHODS, ClusterPlan, task_device
+    from harness.bench.runner import RunConfig
+    from harness.devices import gpu_count
+    from harness.emulate import parse_emulate
+    from harness.launch import device_counts
+
+    if args.workers is None:
+        raise ValueError("--devices-per-worker needs --workers N")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1; got {args.workers}")
+    try:
+        counts = device_counts(args.devices_per_worker, args.workers) or [1] * args.workers
+    except ValueError as err:
+        raise ValueError(f"--devices-per-worker: {err}") from None
+    if args.devices or args.logical_cpus is not None:
+        raise ValueError("with --workers each worker makes its own devices: give --devices-per-worker (and "
+                         "--emulate), not --devices/--gpus or --logical-cpus")
+    if args.rebalance is not None:
+        raise ValueError("--rebalance does not run across workers yet (ratios='auto' is refused there): give "
+                         "--ratios or --batches")
+    method = args.method or "mirrored"
+    if method not in CLUSTER_METHODS:
+        raise ValueError(f"--workers trains with --method mirrored (harness across workers, the default) or keras "
+                         f"(the stock MultiWorkerMirroredStrategy); got --method {method}")
+    if method == "keras" and max(counts) > 1:
+        several = ", ".join(str(w) for w, c in enumerate(counts) if c > 1)
+        raise ValueError(f"--method keras --workers {args.workers} is Keras fit under a stock "
+                         f"MultiWorkerMirroredStrategy, one replica per worker: worker {several} with several "
+                         f"devices (--devices-per-worker {' '.join(map(str, args.devices_per_worker))}) cannot be "
+                         "one. Give each worker one device, or use --method mirrored")
+    total = sum(counts)
+    options.check_common(args)
+    gpus = 0 if args.emulate is not None else gpu_count()
+    emulate = args.emulate if args.emulate is not None or gpus else options.SEED_000_EMULATE
+    specs = parse_emulate(emulate) if emulate is not None else None
+    if specs is not None and len(specs) != total:
+        what = f"--emulate {emulate}" if args.emulate is not None else \
+            f"without GPUs and --emulate, seed 000's emulated cards {emulate}"
+        hint = "" if args.devices_per_worker else " (--devices-per-worker gives a worker several)"
+        raise ValueError(f"{what} has {len(specs)} devices; the cluster has {total} ({args.workers} workers with "
+                         f"{counts} devices{hint}): give one --emulate entry per device, worker by worker")
+    if specs is None and total > gpus:
+        raise ValueError(f"the cluster needs {total} GPUs ({counts} per worker); this machine has {gpus}")
+    if args.throttle and specs is None:
+        raise ValueError("--throttle changes an emulated device's rate: use it with --emulate")
+    _precheck(args, total)
+    kind = "CPU" if specs is not None else "GPU"
+    names = tuple(task_device(w, i, kind) for w, count in enumerate(counts) for i in range(count))
+    batches = _batches(args, names)
+    setup = options.DeviceSetup(names, specs, "emulated" if specs is not None else "GPU",
+                                "" if specs is None else "emulated devices, each worker its own: " + "; ".join(
+                                    f"{n.split('/', 3)[-1]} = {spec}" for n, spec in zip(names, specs)))
+    config = RunConfig(args.model, options.default_size(args, setup), method, names, batches, seconds=args.seconds,
+                       windows=args.windows, warmup_steps=args.warmup_steps, emulate=specs,
+                       input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle))
+    plan = ClusterPlan(config.model, config.size, method, tuple(counts), batches, seconds=config.seconds,
+                       windows=config.windows, warmup_steps=config.warmup_steps, emulate=specs,
+                       input_delay_ms=config.input_delay_ms, seed=config.seed, throttle=config.throttle, kind=kind)
+    return plan, config, setup
+
+
+def run_cluster(args) -> int:
+    """``harness run --workers N``: launches the workers, prints each merged window, keeps the record."""
+    from harness.bench.cluster_run import cluster_result, launch_run, merge_window
+    from harness.bench.environment import fingerprint
+
+    plan, config, setup = cluster_plan(args)
+    out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind,
+                               "cluster": {"workers": plan.workers, "devices_per_worker": list(plan.counts)}},
+                 environment=fingerprint(import_tf=False))
+    what = "Keras fit under a stock MultiWorkerMirroredStrategy (even split)" if plan.method == "keras" else \
+        "harness mirrored"
+    out.say(f"{config.model} ({config.size}), {what} across {plan.workers} workers with {list(plan.counts)} "
+            f"device(s), batch {config.batch} = {list(config.batches)}; {config.windows} windows of "
+            f"~{config.seconds:g} s (the same steps on every worker)")
+    if setup.note:
+        out.say(setup.note)
+    if config.throttle:
+        out.say("; ".join(f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle))
+    windows: list[dict] = []
+    pending: dict[int, dict[int, dict]] = {}
+    state: dict = {"config": None, "problem": None}
+    partial = out.record.setdefault("partial", [])
+
+    def on_event(worker: int, event: dict) -> None:
+        try:
+            if event["event"] == "start" and worker == 0:
+                state["config"] = event.get("config")
+                out.record["environment"] = event.get("environment") or out.record["environment"]
+                out.record["config"]["run"] = event.get("config") or out.record["config"]["run"]
+            elif event["event"] == "window":
+                index = event["window"]["index"]
+                pending.setdefault(index, {})[worker] = event["window"]
+                if len(pending[index]) == plan.workers:
+                    arrived = pending.pop(index)
+                    merged = merge_window([arrived[w] for w in range(plan.workers)])
+                    windows.append(merged)
+                    partial.append(merged)
+                    out.say(window_text(merged, config.windows))
+                    out.save()
+        except Exception as err:  # noqa: BLE001 - a reader thread must go on reading
+            state["problem"] = f"{type(err).__name__}: {err}"
+            print(f"harness run: {state['problem']}", file=sys.stderr)
+
+    launched, ends = launch_run(plan, on_event=on_event)
+    result = cluster_result(plan, windows, ends, launched.status, launched.first_failure, launched.reason,
+                            config=state["config"] or config.to_json())
+    if state["problem"] and result["status"] == "complete":
+        result.update(status="failed", error=state["problem"])
+    out.record.pop("partial", None)
     out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
                error=result["error"])
     if args.json:
@@ -234,7 +400,16 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
         legend += ("\n   late: steps whose real work ran past the emulated deadline; host sps: the rate this host "
                    "computed the slices at")
     return (head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
-            + _resplit_text(window))
+            + _resplit_text(window) + _workers_text(window))
+
+
+def _workers_text(window: dict) -> str:
+    """Across workers: each worker's rows per step and samples/s (rows per step over its step time)."""
+    if not window.get("workers"):
+        return ""
+    return "\n   per worker: " + "; ".join(
+        f"worker {w['worker']} batch {w['batch']}, {w['samples_per_second']:.0f} samples/s "
+        f"(step {1000 * w['step_seconds']:.1f} ms)" for w in window["workers"])
 
 
 def _resplit_text(window: dict) -> str:
@@ -264,6 +439,10 @@ def summary_text(result: dict, setup) -> str:
                                                 else " [emulated devices]")
     text = (f"median {s['median']:.0f} samples/s over {s['n']} windows (spread {100 * (s['spread'] or 0):.1f}%)"
             f"{kind}")
+    if result.get("workers"):
+        text += "\nper worker (median): " + ", ".join(
+            f"worker {w['worker']} {w['samples_per_second']['median']:.0f} samples/s" for w in result["workers"]
+            if w.get("samples_per_second"))
     inp = result.get("input")
     if inp:
         text += f"\ninput pipeline alone: {inp['samples_per_second']:.0f} samples/s"
@@ -275,12 +454,12 @@ def summary_text(result: dict, setup) -> str:
 class Output:
     """Printing, live progress and the result record of one CLI invocation."""
 
-    def __init__(self, args, kind: str, config: dict):
+    def __init__(self, args, kind: str, config: dict, environment: dict | None = None):
         from harness.bench.environment import fingerprint
         from harness.bench.results import new_record
 
         self.args = args
-        self.record = new_record(kind, config, fingerprint(import_tf=True))
+        self.record = new_record(kind, config, fingerprint(import_tf=True) if environment is None else environment)
         self.path: Path | None = None  # where the record was saved, once it was
         self._live = sys.stderr.isatty() and not args.json
         self._dirty = False

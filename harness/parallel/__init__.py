@@ -50,8 +50,9 @@ def parallelize(
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU); or the
             ``harness.use_cluster()`` of a multi-worker run (``method="mirrored"``;
-            ``ratios`` then has one entry per replica of ``cluster.devices``,
-            worker 0's first: ``harness.parallel.multiworker``).
+            ``ratios`` and ``emulate`` then have one entry per device of
+            ``cluster.devices``, worker by worker, worker 0's first:
+            ``harness.parallel.multiworker``).
         ratios: one positive number per device; ``None`` splits evenly.
             ``"auto"`` starts even and tunes the split while it trains: every
             ``fit`` gets a built-in ``harness.Rebalance`` (``model.rebalancer``)
@@ -121,12 +122,12 @@ def parallelize(
     if refused:
         raise adapter.unsupported_error(model, method, refused)
     if cluster is not None:
-        from harness.parallel.multiworker import multiworker_class, refuse_across_workers
+        from harness.parallel.multiworker import multiworker_class
 
-        refuse_across_workers(model, adapter)
-        if emulate is not None or auto:
-            raise NotImplementedError("across workers, emulated devices and ratios='auto' are not supported yet")
-        return multiworker_class(adapter)(model, cluster, ratios, sync_batchnorm, merge)
+        if auto:
+            raise NotImplementedError("across workers, ratios='auto' is not supported yet: give the ratios "
+                                      "(e.g. from `harness tune` on each worker's devices)")
+        return multiworker_class(adapter)(model, cluster, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
     if method == "towers":
         from harness.parallel.towers import towers_class as make
     else:

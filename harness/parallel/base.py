@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from harness.emulate import add_zero
-from harness.parallel import Method, slicing
+from harness.parallel import Method, layerwise, slicing
 from harness.parallel.adapters.base import add_all
 from harness.parallel.common import ParallelCommon, Untracked
 
@@ -101,6 +101,54 @@ class ParallelModel(ParallelCommon):
 
     def _end_device(self, device: str, y, token):
         return self._attach(super()._end_device(device, y, token), self._extras(y))
+
+    # -- towers: several devices in one graph (the towers method, and each worker across workers) --------
+    def _run_towers(self, model, devices, parts, shares, training: bool, watch=None, layerwise_bn: bool = False,
+                    merge_device: str | None = None, all_reduce=None, rows=None):
+        """Runs ``model`` once per device on that device's slice; ``(outputs, extra, pending)``.
+
+        ``outputs``: one output structure per device; ``extra``: the call-time losses of the whole batch
+        (``shares``: each slice's n_i / N); ``pending``: the emulated devices whose end waits for their
+        backward pass (``_finish_towers``). With ``watch`` (a training tape's), each emulated device's first
+        input is watched for that. ``layerwise_bn``: BatchNormalization gets the whole batch's statistics
+        (``layerwise``; summed over the towers on ``merge_device``, or by ``all_reduce``). ``rows``: per
+        tower, its rows of the batch, where a tower may carry a borrowed row (``multiworker``): its
+        statistics leave it out, and an empty tower's call-time losses count zero.
+        """
+        parts, tokens = zip(*(self._begin_device(d, part) for d, part in zip(devices, parts)))
+        pending = []
+        if watch is not None:
+            for device, part, token in zip(devices, parts, tokens):
+                leaf = tf.nest.flatten(part)[0]
+                if token is not None and leaf.dtype.is_floating:
+                    watch(leaf)
+                    pending.append((device, token, leaf))
+        if training and layerwise_bn:
+            outputs, losses = layerwise.run_towers(self._adapter, model, list(parts), devices, merge_device,
+                                                   training, all_reduce, rows)
+        else:
+            outputs, losses = [], []
+            for device, part in zip(devices, parts):
+                with tf.device(device):
+                    outputs.append(model(part, training=training))
+                losses.append(self._adapter.call_losses(model))
+        deferred = {device for device, _, _ in pending}
+        outputs = [out if d in deferred else self._end_device(d, out, token)
+                   for d, out, token in zip(devices, outputs, tokens)]
+        with tf.device(merge_device) if merge_device else contextlib.nullcontext():
+            towers = [self._as_share(tower, shares[i]) for i, tower in enumerate(losses)]
+            if rows is not None:  # an empty tower's borrowed row adds nothing
+                towers = [t * tf.cast(rows[i] > 0, t.dtype) for i, t in enumerate(towers)]
+            extra = add_all(towers)
+        return outputs, extra, pending
+
+    def _finish_towers(self, grads, pending, input_grads, after):
+        """``grads`` once each pending emulated device finished, when its backward pass reached its input."""
+        if not pending:
+            return grads
+        zeros = [self.emulator.finish(device, token, after=after if g is None else g)
+                 for (device, token, _), g in zip(pending, input_grads)]
+        return add_zero_where_present(grads, tf.add_n(zeros))
 
     # -- loss -------------------------------------------------------------------
     def _call_losses(self, layer, share=None):

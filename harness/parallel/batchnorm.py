@@ -11,6 +11,8 @@ layer (each adapter's ``SyncBatchNormalization``); towers from
 
 from __future__ import annotations
 
+import contextlib
+
 import tensorflow as tf
 
 from harness.parallel.collective import global_moments
@@ -18,8 +20,14 @@ from harness.parallel.collective import global_moments
 __all__ = ["batchnorm_towers"]
 
 
-def batchnorm_towers(adapter, layer, xs: list, devices, merge_device) -> list:
-    """``layer``'s training call over all towers with the whole batch's moments; one output per tower."""
+def batchnorm_towers(adapter, layer, xs: list, devices, merge_device, all_reduce=None, rows=None) -> list:
+    """``layer``'s training call over all towers with the whole batch's moments; one output per tower.
+
+    ``all_reduce`` sums one tensor per tower into the total, returned per tower
+    (``collective.global_moments``); default: the towers' sum on ``merge_device``.
+    ``rows``: per tower, how many of its first rows are the batch's (the statistics'); the
+    rest is a borrowed row an empty tower carries (``multiworker``), normalised but not counted.
+    """
     if any(adapter.get_mask(x) is not None for x in xs):
         raise NotImplementedError(
             f"masked inputs to BatchNormalization layer {layer.name!r} are not synchronised across towers; "
@@ -27,14 +35,19 @@ def batchnorm_towers(adapter, layer, xs: list, devices, merge_device) -> list:
         )
     xs, axes = adapter.bn_prepare(layer, xs)
 
-    def all_reduce(values):
+    def towers_sum(values):
         with tf.device(merge_device):
             total = tf.add_n(values)
         return [total] * len(values)
 
-    means, variances = global_moments(xs, axes, all_reduce, devices)
-    with tf.device(merge_device):
-        count = tf.add_n([tf.size(x) for x in xs]) // tf.maximum(1, tf.size(means[0]))
+    all_reduce = towers_sum if all_reduce is None else all_reduce
+    counted = xs if rows is None else [x[:r] for x, r in zip(xs, rows)]
+    means, variances = global_moments(counted, axes, all_reduce, devices)
+    with tf.device(merge_device) if merge_device else contextlib.nullcontext():
+        # Samples per channel (Keras 2's Bessel correction); summed as floats: collectives across workers
+        # take no int32. Exact below 2**24.
+        count = all_reduce([tf.cast(tf.size(x), tf.float32) for x in counted])[0] / tf.cast(
+            tf.maximum(1, tf.size(means[0])), tf.float32)
     adapter.bn_update(layer, means[0], variances[0], count)
     outputs = []
     for device, x, mean, variance in zip(devices, xs, means, variances):

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from harness.parallel.slicing import restore_static_shape
 
-__all__ = ["strategy_for", "stock_strategy_for", "multiworker_strategy", "replica_device", "sum_replicas",
-           "whole_batch", "global_moments", "replica_all_reduce"]
+__all__ = ["gather_worker_rows", "strategy_for", "stock_strategy_for", "multiworker_strategy", "replica_device",
+           "sum_replicas", "whole_batch", "global_moments", "replica_all_reduce"]
 
 AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 
@@ -64,20 +64,44 @@ def _cross_device_ops(devices: tuple[str, ...]):
 class _KeyedMultiWorkerStrategy(tf.distribute.MultiWorkerMirroredStrategy):
     """A MultiWorkerMirroredStrategy (TF_CONFIG's cluster) whose collective keys no stock strategy uses."""
 
-    def __init__(self, key_base: int, communication_options=None):
+    def __init__(self, key_base: int, cluster_resolver=None, communication_options=None):
         self._collective_key_base = key_base
-        super().__init__(communication_options=communication_options)
+        super().__init__(cluster_resolver=cluster_resolver, communication_options=communication_options)
 
 
 @functools.cache
-def multiworker_strategy(timeout_s: float) -> tf.distribute.MultiWorkerMirroredStrategy:
+def multiworker_strategy(timeout_s: float, gpu: bool = False) -> tf.distribute.MultiWorkerMirroredStrategy:
     """The process' strategy over ``TF_CONFIG``'s cluster (one per process: it starts this worker's server).
 
-    Its collectives give up after ``timeout_s`` seconds (a dead peer ends the step with an
-    error instead of a hang), and it keys them above every ``strategy_for`` set.
+    One replica per worker, on its first GPU (``gpu``) or its CPU: workers may train on
+    different numbers of devices (towers inside each worker's replica), where TensorFlow's
+    own resolver makes every GPU of a worker a replica and needs the same count on every
+    worker (tensorflow#47203). Its collectives give up after ``timeout_s`` seconds (a dead
+    peer ends the step with an error instead of a hang), and it keys them above every
+    ``strategy_for`` set.
     """
+    config = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    # Not a TFConfigClusterResolver: the strategy would count the GPUs itself.
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        config.cluster_spec(), task_type=config.task_type, task_id=config.task_id, rpc_layer=config.rpc_layer or "grpc",
+        num_accelerators={"GPU": 1} if gpu else {})
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_s)
-    return _KeyedMultiWorkerStrategy(HARNESS_KEY_BASE + KEYS_PER_STRATEGY * MULTIWORKER_SLOT, options)
+    return _KeyedMultiWorkerStrategy(HARNESS_KEY_BASE + KEYS_PER_STRATEGY * MULTIWORKER_SLOT, resolver, options)
+
+
+def gather_worker_rows(strategy, index: int, workers: int, row: Sequence[float]) -> list[list[float]]:
+    """Every worker's ``row`` of whole numbers (worker 0's first), learnt in one all-reduce over the cluster
+    (eagerly, outside any step; each worker's replicas add its row once in all)."""
+    local = strategy.num_replicas_in_sync // workers
+    placed = [[0.0] * len(row) for _ in range(workers)]
+    placed[index] = [float(v) / local for v in row]
+    value = tf.constant(placed, tf.float64)
+
+    def gather():
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+    total = strategy.experimental_local_results(tf.function(lambda: strategy.run(gather))())[0].numpy()
+    return [[float(round(x)) for x in r] for r in total]
 
 
 MULTIWORKER_SLOT = 1 << 9  # strategy_for's sets take slots 0, 1, 2, ...; the cluster's strategy this one

@@ -24,8 +24,13 @@ def has_batchnorm(adapter, model) -> bool:
     return any(adapter.is_batchnorm(layer) for layer in adapter.sublayers(model))
 
 
-def run_towers(adapter, model, parts: list, devices: Sequence[str], merge_device: str, training: bool):
+def run_towers(adapter, model, parts: list, devices: Sequence[str], merge_device: str | None, training: bool,
+               all_reduce=None, rows=None):
     """Calls ``model`` on each tower's inputs, syncing BatchNormalization across towers.
+
+    ``all_reduce`` (``batchnorm.batchnorm_towers``): how the towers' statistics are summed
+    (default: on ``merge_device``; across workers, over every worker's towers too); ``rows``: each
+    tower's rows that count in the statistics (the others are borrowed: ``multiworker``).
 
     Returns:
         ``(outputs, losses)``: per tower, its output structure and the list of
@@ -44,16 +49,19 @@ def run_towers(adapter, model, parts: list, devices: Sequence[str], merge_device
     walk = adapter.walk(graph, parts)
     for node, op in walk.nodes():
         filled = [walk.arguments(node, i) for i in towers]
-        for i, out in enumerate(_run_node(adapter, graph, op, filled, devices, merge_device, training, losses)):
+        for i, out in enumerate(_run_node(adapter, graph, op, filled, devices, merge_device, training, losses,
+                                            all_reduce, rows)):
             walk.store(node, i, out)
     return [walk.outputs(i) for i in towers], losses
 
 
-def _run_node(adapter, graph, op, filled, devices, merge_device, training, losses):
+def _run_node(adapter, graph, op, filled, devices, merge_device, training, losses, all_reduce, rows):
     if training and adapter.is_batchnorm(op) and op.trainable and adapter.batchnorm_refusal(op, "towers") is None:
-        return batchnorm_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device)
+        return batchnorm_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device, all_reduce,
+                                rows)
     if training and adapter.graph_of(op) is not None and has_batchnorm(adapter, op):
-        outputs, inner = run_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device, training)
+        outputs, inner = run_towers(adapter, op, [args[0] for args, _ in filled], devices, merge_device, training,
+                                    all_reduce, rows)
         for mine, theirs in zip(losses, inner):
             mine.extend(theirs)
         return outputs

@@ -2,64 +2,106 @@
 
 Every worker process runs the same program on the same global batches (the same data in the
 same order: no sharding), and ``harness.use_cluster()`` (first, before other TensorFlow work)
-joins it to the cluster ``TF_CONFIG`` describes. ``parallelize(model, cluster, ratios=...)``
-then takes one ratio per replica of the whole cluster (``cluster.devices``, worker 0's first):
-each replica trains its rows of the global batch, and the all-reduced gradient is the
-single-device gradient of the whole batch, for any split (uneven per worker, partial last
-batches, BatchNormalization's whole-batch statistics, sample weights).
+joins it to the cluster ``TF_CONFIG`` describes, with its own devices: one, or several
+(``devices=`` or ``harness launch --devices-per-worker``), and workers may differ.
+``parallelize(model, cluster, ratios=...)`` then takes one ratio per device of the whole
+cluster (``cluster.devices``, worker 0's first): each device trains its rows of the global
+batch, and the all-reduced gradient is the single-device gradient of the whole batch, for any
+split (uneven per worker and per device, partial last batches, BatchNormalization's
+whole-batch statistics, sample weights).
 
-Across workers each replica gathers the whole batch's predictions (its own rows live, the
-others' without gradient) and computes the whole batch's loss and metrics, so every worker
-reports the same loss and metrics; the decomposed per-replica loss of ``Mirrored`` stays
-within one process. Collectives time out after ``use_cluster``'s ``timeout_s``: a dead peer
-ends the step with an error instead of a hang.
+The strategy has one replica per worker; inside it, the worker's devices run as towers
+(``towers``: one graph, the worker's variable copy on its first device; BatchNormalization
+layer by layer, its moments summed over the towers and then across the workers). Each
+replica gathers the whole batch's predictions (its own rows live, the others' without
+gradient) and computes the whole batch's loss and metrics, so every worker reports the same
+loss and metrics. Collectives time out after ``use_cluster``'s ``timeout_s``: a dead peer
+ends the step with an error instead of a hang. Emulated devices (``emulate=``) cover
+``cluster.devices`` like the ratios; each worker emulates its own.
 
-Limits (for now): TensorFlow's strategy takes the same devices on every worker (one CPU, or
-every GPU, per worker); emulated devices are not supported across workers.
+Limits (for now): ``ratios="auto"`` is refused across workers.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 import tensorflow as tf
 
-from harness.cluster import Cluster, read_tf_config
-from harness.parallel.collective import multiworker_strategy, replica_device
+from harness.cluster import DEVICES_VARIABLE, Cluster, read_tf_config
+from harness.compat import is_keras2_model
+from harness.parallel import layerwise
+from harness.parallel.base import add_all
+from harness.parallel.collective import gather_worker_rows, multiworker_strategy
 from harness.parallel.mirrored import Mirrored, _replica
+from harness.parallel.sparse import merge_all, reduce_sparse_in_replica
 
 __all__ = ["use_cluster", "MultiWorker", "multiworker_class"]
 
 GATHER_REASON = "multi-worker: each replica computes the whole batch's loss and metrics (the same on every worker)"
 
 
-def use_cluster(timeout_s: float = 60.0) -> Cluster:
+def use_cluster(timeout_s: float = 60.0, devices: int | None = None) -> Cluster:
     """Joins this process to ``TF_CONFIG``'s cluster; call it first, before other TensorFlow work.
 
     Args:
         timeout_s: how long a collective waits for its peers before failing the step.
+        devices: how many devices this worker trains on: logical CPU devices without a GPU (made
+            here), else its first N GPUs. Default: ``HARNESS_WORKER_DEVICES`` (``harness launch
+            --devices-per-worker``) when set, else every GPU, or one CPU. Workers may differ.
 
     Returns:
         The ``Cluster``: pass it to ``parallelize`` as ``devices``.
 
     Raises:
-        ValueError: no or a bad ``TF_CONFIG`` (``harness.cluster.read_tf_config``), a timeout <= 0.
+        ValueError: no or a bad ``TF_CONFIG`` (``harness.cluster.read_tf_config``), a timeout <= 0, a bad
+            device count (naming it), more GPUs asked for than present.
 
     Example:
         >>> cluster = harness.use_cluster()           # under `harness launch --workers 2 -- ...`
         >>> parallel = harness.parallelize(model, cluster, ratios=[3, 1])
     """
+    from harness.devices import gpu_count, use_logical_devices
+
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
+    count = _device_count(devices)
     config = read_tf_config()
-    strategy = multiworker_strategy(float(timeout_s))
-    local = tuple(strategy.extended.worker_devices)
+    gpus = gpu_count()
+    if count is not None and not gpus:
+        use_logical_devices(count, start=False)  # before the strategy starts TensorFlow's runtime
+    strategy = multiworker_strategy(float(timeout_s), gpu=bool(gpus))
+    worker = strategy.extended.worker_devices[0]  # this worker's replica: /job:worker/replica:0/task:i/device:...
+    kind = "GPU" if gpus else "CPU"
+    present = len(tf.config.list_logical_devices(kind))
+    count = present if count is None and gpus else count or 1
+    if count > present:
+        raise ValueError(f"this worker has {present} {kind} device(s); asked for devices={count}")
+    prefix = worker[: worker.index("/device:")]
+    local = tuple(f"{prefix}/device:{kind}:{i}" for i in range(count))
     workers = len(config["cluster"]["worker"])
     index = config["task"]["index"]
-    devices = tuple(tf.DeviceSpec.from_string(d).replace(task=t).to_string() for t in range(workers) for d in local)
-    return Cluster(index=index, workers=workers, local_devices=local, devices=devices, strategy=strategy,
-                   addresses=tuple(config["cluster"]["worker"]))
+    # Every worker's count, from one all-reduce (also the workers' first contact).
+    counts = tuple(int(c) for c, in gather_worker_rows(strategy, index, workers, [count]))
+    devices_all = tuple(tf.DeviceSpec.from_string(prefix).replace(task=t).to_string() + f"/device:{kind}:{i}"
+                        for t in range(workers) for i in range(counts[t]))
+    return Cluster(index=index, workers=workers, local_devices=local, devices=devices_all, strategy=strategy,
+                   addresses=tuple(config["cluster"]["worker"]), devices_per_worker=counts)
+
+
+def _device_count(devices) -> int | None:
+    if devices is None:
+        text = os.environ.get(DEVICES_VARIABLE)
+        if text is None or not text.strip():
+            return None
+        if not text.strip().isdecimal() or int(text) < 1:
+            raise ValueError(f"{DEVICES_VARIABLE} must be an int >= 1; got {DEVICES_VARIABLE}={text!r}")
+        return int(text)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"devices must be an int >= 1 (this worker's device count); got devices={devices!r}")
+    return devices
 
 
 def lost_peer_message(err: Exception, cluster: Cluster) -> str:
@@ -75,34 +117,54 @@ def lost_peer_message(err: Exception, cluster: Cluster) -> str:
     return f"worker {cluster.index}: a collective across the {cluster.workers} workers failed: {reason}"
 
 
-def refuse_across_workers(model, adapter) -> None:
-    """What does not train exactly across workers yet is refused, by name (never a silent drift).
-
-    Keras 2 BatchNormalization: its moving averages drift across workers (a 2-worker 1:2 run:
-    0.0094 from one device, the trainable weights and the loss exact).
-
-    Raises:
-        NotImplementedError: naming the layers.
-    """
-    from harness.compat import is_keras2_model
-
-    if not is_keras2_model(model):
-        return
-    layers = [m.name for m in model.submodules if isinstance(m, adapter.k.layers.BatchNormalization)]
-    if layers:
-        raise NotImplementedError(
-            f"across workers, Keras 2 (tf_keras) BatchNormalization layers {layers} of model {model.name!r} are not "
-            "exact yet (their moving averages drift); use a Keras 3 model, or train this one on one worker")
-
-
 class MultiWorker(Mirrored):
-    """A mirrored model whose replicas span the workers of a ``Cluster``."""
+    """A mirrored model whose replicas are the workers of a ``Cluster``, each worker's devices its towers."""
 
     def __init__(self, template, cluster: Cluster, ratios, sync_batchnorm, merge_device, emulator=None):
-        if emulator is not None:
-            raise NotImplementedError("emulated devices are not supported across workers yet")
+        uses_layerwise, synced_layers = self._check_towers(template, cluster, sync_batchnorm)  # before TF work
         self._cluster = cluster
-        super().__init__(template, list(cluster.devices), ratios, sync_batchnorm, merge_device, None)
+        super().__init__(template, list(cluster.devices), ratios, sync_batchnorm, merge_device, emulator)
+        self.local_devices = tuple(cluster.local_devices)
+        self._layerwise = uses_layerwise
+        # A device without rows (a batch smaller than the cluster's device count) runs on one borrowed
+        # row instead, cut off after: TensorFlow's CPU Conv2D mis-shapes an empty batch. Not where the
+        # synchronised layers compute BatchNormalization's moments inside the call (they would count it).
+        self._borrow = not synced_layers
+
+    @classmethod
+    def _check_towers(cls, template, cluster: Cluster, sync_batchnorm: bool) -> tuple[bool, bool]:
+        """``(layer by layer, synced layers)``: how whole-batch BatchNormalization runs; what cannot is refused.
+
+        Layer by layer (``layerwise``, the moments summed over the towers and then across the
+        workers) for every Functional or Sequential model with BatchNormalization: where a worker
+        runs towers it must, and Keras 2's synchronised layer drifts across workers (its moving
+        averages: 0.0094 from one device on a 2-worker 1:2 split, the trainable weights exact; layer
+        by layer 2.4e-07). A subclassed Keras 3 model with one device per worker keeps the
+        synchronised layers (``SyncBatchNormalization``) instead.
+
+        Raises:
+            ValueError: naming the model and why.
+        """
+        a = cls._adapter
+        several = max(cluster.counts) > 1  # some worker runs towers
+        keras2 = is_keras2_model(template)
+        batchnorm = bool(sync_batchnorm) and layerwise.has_batchnorm(a, template)
+        functional = a.graph_of(template) is not None
+        if batchnorm and not functional and (several or keras2):
+            fix = "Give each worker one device" if several and not keras2 else \
+                "Use a Keras 3 model with one device per worker"
+            raise ValueError(
+                f"across workers ({list(cluster.counts)} devices per worker), whole-batch BatchNormalization of "
+                f"a {'Keras 2 ' if keras2 else ''}model needs a Functional or Sequential model; got a subclassed "
+                f"{type(template).__name__} {template.name!r}. {fix}, or sync_batchnorm=False")
+        refused = a.towers_refusal(template) if several else []
+        if several and batchnorm:
+            refused += [r for r in (a.batchnorm_refusal(layer, "towers") for layer in a.sublayers(template)
+                                    if a.is_batchnorm(layer)) if r]
+        if refused:
+            raise ValueError(f"across workers with several devices on a worker, the towers inside each worker "
+                             f"cannot run {'; '.join(refused)}. Give each worker one device")
+        return batchnorm and functional, batchnorm and not functional
 
     @property
     def cluster(self) -> Cluster:
@@ -118,6 +180,18 @@ class MultiWorker(Mirrored):
     def _make_strategy(self):
         return self._cluster.strategy
 
+    def save(self, filepath, *args, **kwargs):
+        """The chief saves the plain single-device model (``ParallelCommon.save``); other workers write nothing
+        (every worker may call it: one file, not one per worker racing on shared storage). Returns what
+        Keras' ``save`` returns on the chief, None elsewhere."""
+        self.sync_to_template()  # every worker: the template holds the trained weights on each
+        return super().save(filepath, *args, **kwargs) if self._cluster.is_chief else None
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """As ``save``: the chief writes the template's weights, other workers nothing."""
+        self.sync_to_template()
+        return super().save_weights(filepath, *args, **kwargs) if self._cluster.is_chief else None
+
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
         self.gather_reason = self._loss_reason = GATHER_REASON
@@ -126,7 +200,7 @@ class MultiWorker(Mirrored):
         return GATHER_REASON
 
     def _by_batch_size(self, x, parallel, single, small_possible=True):
-        # A batch smaller than the replica count runs the parallel step too (some replicas get no rows):
+        # A batch smaller than the device count runs the parallel step too (some devices get no rows):
         # the single-device path inside tf.cond hangs the cluster's collectives (TF 2.21: both workers
         # take the branch, yet its all-reduce times out), while eagerly it is exact.
         return parallel()
@@ -136,18 +210,78 @@ class MultiWorker(Mirrored):
         with self.strategy.scope(), tf.device(self.merge_device):
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
-    def _parallel_forward(self, x):
-        n, _, starts, shares, x_parts = self._distribute(x)
+    def _cut(self, x):
+        """``(n, mine, starts, shares, rows, parts)``: the batch cut over the cluster's devices; ``mine`` is this
+        worker's slice of them; ``rows`` and ``parts`` are only its devices' (an empty part borrows the
+        batch's first row where ``_borrow``)."""
+        n, sizes, parts = self._split(x)
+        mine = self._cluster.worker_slice()
+        with tf.device(self.input_device):
+            starts = tf.cumsum(sizes, exclusive=True)
+            shares = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
+            rows = [sizes[i] for i in range(mine.start, mine.stop)]
+            parts = parts[mine]
+            if self._borrow:
+                parts = [tf.nest.map_structure(lambda p, w, r=r: tf.concat([p, w[:1]], 0)[:tf.maximum(r, 1)], part, x)
+                         for part, r in zip(parts, rows)]
+        return n, mine, starts, shares, rows, parts
 
-        def replica_forward(x_local):
+    def _worker_towers(self, ctx, parts, shares, rows, training, watch=None):
+        """This worker's devices on its rows: ``(merged outputs, extra, pending)`` (``_run_towers``), the
+        BatchNormalization moments summed over its towers and then across the workers."""
+
+        def all_reduce(values):
+            total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.add_n(values) if len(values) > 1 else values[0])
+            return [total] * len(values)
+
+        outputs, extra, pending = self._run_towers(self.core, self.local_devices, parts, shares, training, watch,
+                                                   self._layerwise, all_reduce=all_reduce,
+                                                   rows=rows if self._borrow else None)
+        if self._borrow:  # the borrowed rows cut off, masks and logits too
+            outputs = [self._attach(tf.nest.map_structure(lambda t, r=r: t[:r], out),
+                                    {k: v[:r] for k, v in self._extras(out).items()})
+                       for out, r in zip(outputs, rows)]
+        return self._merge(outputs), extra, pending
+
+    def _parallel_train(self, x, y, sample_weight):
+        n, mine, starts, shares, rows, parts = self._cut(x)
+        replicas = float(self.strategy.num_replicas_in_sync)
+        a = self._adapter
+
+        def replica_step():
             ctx = tf.distribute.get_replica_context()
-            replica = ctx.replica_id_in_sync_group
-            with tf.device(replica_device(self.devices, ctx)):
-                y_local = self.core(x_local, training=False)
-                whole = self._gather(ctx, y_local, tf.gather(starts, replica), n)
-            return whole, self._extras(whole), self._call_losses(self.core, tf.gather(shares, replica))
+            with tf.GradientTape() as tape:
+                y_local, extra, pending = self._worker_towers(ctx, parts, shares[mine], rows, True, tape.watch)
+                y_pred = self._gather(ctx, y_local, starts[mine.start], n)
+                main = add_all([a.loss(self, y, y_pred, sample_weight)])
+                # Weight penalties are the same on every worker; their gradients are summed once per worker.
+                penalty = self._penalties()
+                scaled = a.scale_loss(self.optimizer, main + extra + penalty / replicas)
+            weights = self.core.trainable_weights
+            grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
+            grads, input_grads = grads[: len(weights)], grads[len(weights):]
+            grads = merge_all(grads, len(parts))  # this worker's sparse rows laid out as on one device
+            grads = self._finish_towers(grads, pending, input_grads, after=y_local)
+            grads = reduce_sparse_in_replica(ctx, grads)
+            a.apply_gradients(self.optimizer, grads, weights)
+            return y_pred, self._extras(y_pred), extra, penalty, main
 
-        y_pred, extras, extra = self.strategy.run(replica_forward, args=(x_parts,))
+        with a.untracked_losses(self):
+            y_pred, extras, extra, penalty, main = self.strategy.run(replica_step)
+        y_pred = self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0))
+        extra = self._sum_replicas(extra) + _replica(self.strategy, penalty, 0)
+        return y_pred, extra, _replica(self.strategy, main, 0)
+
+    def _parallel_forward(self, x):
+        n, mine, starts, shares, rows, parts = self._cut(x)
+
+        def replica_forward():
+            ctx = tf.distribute.get_replica_context()
+            y_local, extra, _ = self._worker_towers(ctx, parts, shares[mine], rows, False)
+            whole = self._gather(ctx, y_local, starts[mine.start], n)
+            return whole, self._extras(whole), extra
+
+        y_pred, extras, extra = self.strategy.run(replica_forward)
         return self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0)), \
             self._sum_replicas(extra)
 

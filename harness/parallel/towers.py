@@ -14,7 +14,7 @@ import functools
 import tensorflow as tf
 
 from harness.parallel import layerwise
-from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
+from harness.parallel.base import Method, ParallelModel
 from harness.parallel.sparse import merge_all
 
 __all__ = ["Towers", "towers_class"]
@@ -41,36 +41,13 @@ class Towers(ParallelModel):
         self._core_model = template  # tracked: its variables are this model's
 
     def _towers(self, x, training: bool, watch=None):
-        """Merged outputs, the call-time losses of the whole batch, and the emulated devices' pending ends.
-
-        With ``watch`` (a training tape's), emulated devices are finished after
-        their backward pass instead: their first input is watched, and each
-        pending ``(device, token, input)`` is finished on the input's gradient.
-        """
+        """Merged outputs, the call-time losses of the whole batch, and the emulated devices' pending ends
+        (``_run_towers``)."""
         n, sizes, parts = self._split(x)
-        parts, tokens = zip(*(self._begin_device(d, part) for d, part in zip(self.devices, parts)))
-        pending = []
-        if watch is not None:
-            for device, part, token in zip(self.devices, parts, tokens):
-                leaf = tf.nest.flatten(part)[0]
-                if token is not None and leaf.dtype.is_floating:
-                    watch(leaf)
-                    pending.append((device, token, leaf))
-        if training and self._layerwise:
-            outputs, losses = layerwise.run_towers(self._adapter, self.template, list(parts), self.devices,
-                                                   self.merge_device, training)
-        else:
-            outputs, losses = [], []
-            for device, part in zip(self.devices, parts):
-                with tf.device(device):
-                    outputs.append(self.template(part, training=training))
-                losses.append(self._adapter.call_losses(self.template))
-        deferred = {device for device, _, _ in pending}
-        outputs = [out if d in deferred else self._end_device(d, out, token)
-                   for d, out, token in zip(self.devices, outputs, tokens)]
         with tf.device(self.merge_device):
             shares = tf.cast(sizes, tf.float32) / tf.cast(n, tf.float32)
-            extra = add_all([self._as_share(tower, shares[i]) for i, tower in enumerate(losses)])
+        outputs, extra, pending = self._run_towers(self.template, self.devices, parts, shares, training, watch,
+                                                   self._layerwise, self.merge_device)
         return self._merge(outputs), extra, pending
 
     def _parallel_train(self, x, y, sample_weight):
@@ -84,11 +61,8 @@ class Towers(ParallelModel):
         grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
         grads, input_grads = grads[: len(weights)], grads[len(weights):]
         grads = merge_all(grads, len(self.devices))  # sparse rows laid out as on one device
-        if pending:
-            # Each emulated device finishes when its backward pass reaches its input.
-            zeros = [self.emulator.finish(device, token, after=y_pred if g is None else g)
-                     for (device, token, _), g in zip(pending, input_grads)]
-            grads = add_zero_where_present(grads, tf.add_n(zeros))
+        # Each emulated device finishes when its backward pass reaches its input.
+        grads = self._finish_towers(grads, pending, input_grads, after=y_pred)
         a.apply_gradients(self.optimizer, grads, weights)
         return y_pred, extra, compiled
 

@@ -4,7 +4,9 @@ Every worker trains the same model on the same global batches with ``parallelize
 the chief (worker 0) also trains it on one device and prints one JSON line: ``RESULT {...}`` with the
 largest weight deviation and both runs' per-epoch losses.
 
-Usage: python multiworker_worker.py MODEL RATIOS SAMPLES BATCH [--sample-weight] [--epochs N]
+Usage: python multiworker_worker.py MODEL RATIOS SAMPLES BATCH [--sample-weight] [--epochs N] [--keras2]
+    [--activity] [--save DIR]
+(each worker's device count: ``harness launch --devices-per-worker``)
 """
 
 import argparse
@@ -13,6 +15,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from file_audit import audit_writes  # noqa: E402  (beside this script)
 
 
 def main() -> int:
@@ -24,9 +28,13 @@ def main() -> int:
     p.add_argument("--sample-weight", action="store_true")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--keras2", action="store_true", help="a Keras 2 (tf_keras) model")
+    p.add_argument("--activity", action="store_true", help="an activity regulariser (a call-time loss)")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="every worker calls parallel.save(DIR/model.keras): the chief alone writes it")
     p.add_argument("--die-at-step", type=int, default=None,
                    help="worker 1 kills itself (SIGKILL) before this training step: a lost peer")
     args = p.parse_args()
+    written = audit_writes(args.save) if args.save else []
 
     import harness
 
@@ -40,7 +48,8 @@ def main() -> int:
 
     def build():
         keras.utils.set_random_seed(0)
-        layers = [keras.Input((6,)), keras.layers.Dense(16, activation="tanh")]
+        regulariser = keras.regularizers.L2(0.01) if args.activity else None
+        layers = [keras.Input((6,)), keras.layers.Dense(16, activation="tanh", activity_regularizer=regulariser)]
         if args.model == "bn":
             layers.append(keras.layers.BatchNormalization())
         layers.append(keras.layers.Dense(2))
@@ -68,10 +77,14 @@ def main() -> int:
         callbacks.append(Die())
     history = parallel.fit(x, y, sample_weight=weights, batch_size=args.batch, epochs=args.epochs, verbose=0,
                            shuffle=False, callbacks=callbacks)
+    if args.save:
+        parallel.save(os.path.join(args.save, "model.keras"))
     evaluated = parallel.evaluate(x, y, batch_size=args.batch, verbose=0)
     predicted = parallel.predict(x, batch_size=args.batch, verbose=0)
     if not cluster.is_chief:
-        print("RESULT " + json.dumps({"worker": cluster.index, "loss": history.history["loss"],
+        print("RESULT " + json.dumps({"worker": cluster.index, "local_devices": list(cluster.local_devices),
+                                      "written": written,
+                                      "loss": history.history["loss"],
                                       "evaluate": float(evaluated)}), flush=True)
         return 0
     single = build()
@@ -80,7 +93,8 @@ def main() -> int:
                            shuffle=False)
     deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(template.get_weights(), single.get_weights()))
     print("RESULT " + json.dumps({
-        "worker": cluster.index, "devices": list(cluster.devices), "deviation": deviation,
+        "worker": cluster.index, "devices": list(cluster.devices), "local_devices": list(cluster.local_devices),
+        "written": written, "deviation": deviation,
         "loss": history.history["loss"], "single_loss": reference.history["loss"],
         "evaluate": float(evaluated), "single_evaluate": float(single.evaluate(x, y, batch_size=args.batch, verbose=0)),
         "predict_deviation": float(np.max(np.abs(predicted - single.predict(x, batch_size=args.batch, verbose=0)))),

@@ -2,8 +2,9 @@
 
 Each worker runs tests/parallel/multiworker_worker.py: the same model and global batches,
 ``parallelize(model, harness.use_cluster(), ratios)``; the chief also trains on one device and
-reports the largest weight deviation. Uneven splits, partial last batches (one smaller than the
-replica count too), BatchNormalization and sample weights; and a worker killed mid-training.
+reports the largest weight deviation. Uneven splits over workers with different device counts
+(1+2, 2+1+1: towers inside a worker), partial last batches (one smaller than the device count
+too), BatchNormalization and sample weights, Keras 3 and Keras 2; and a worker killed mid-training.
 """
 
 import io
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from harness.launch import launch
@@ -20,12 +22,12 @@ from harness.launch import launch
 WORKER = Path(__file__).with_name("multiworker_worker.py")
 
 
-def _cluster_run(workers: int, *args: str, keep_going: bool = False, timeout_s: float = 420.0):
+def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = False, timeout_s: float = 420.0):
     out, err = io.StringIO(), io.StringIO()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
     start = time.monotonic()
     result = launch([sys.executable, str(WORKER), *args], workers, env=env, out=out, err=err, timeout_s=timeout_s,
-                    grace_s=2.0, stop_on_failure=not keep_going)
+                    grace_s=2.0, stop_on_failure=not keep_going, devices_per_worker=devices)
     seconds = time.monotonic() - start
     reports = {}
     for line in out.getvalue().splitlines():
@@ -35,26 +37,39 @@ def _cluster_run(workers: int, *args: str, keep_going: bool = False, timeout_s: 
     return result, reports, out.getvalue() + err.getvalue(), seconds
 
 
-@pytest.mark.parametrize("workers, args", [
-    (2, ["dense", "3:1", "62", "20"]),  # last batch 2: one row per worker
-    (2, ["bn", "1:2", "61", "20", "--sample-weight"]),  # last batch 1: fewer rows than replicas
-    (3, ["bn", "5:3:2", "45", "16"]),  # last batch 13
-    (2, ["dense", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # a Keras 2 (tf_keras) model
-], ids=["2w-dense-3:1", "2w-bn-1:2-weights", "3w-bn-5:3:2", "2w-keras2-dense-1:2-weights"])
-def test_a_cluster_step_equals_the_single_device_step(workers, args):
+@pytest.mark.parametrize("workers, devices, args", [
+    (2, None, ["dense", "3:1", "62", "20", "--save", "{tmp}"]),  # last batch 2: one row per worker
+    (2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"]),  # last batch 1: empty devices
+    (3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"]),  # last batch 13
+    (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
+    (2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"]),
+], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
+        "2w-2+1-keras2-dense-2:1:3"])
+def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path):
     if "--keras2" in args:
         pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
-    result, reports, output, _ = _cluster_run(workers, *args)
+    args = [a.format(tmp=tmp_path) for a in args]
+    result, reports, output, _ = _cluster_run(workers, *args, devices=devices)
     assert result.status == 0, output[-6000:]
     assert sorted(reports) == list(range(workers)), output[-6000:]
     chief = reports[0]
-    assert len(chief["devices"]) == workers and all(f"task:{i}/" in d for i, d in enumerate(chief["devices"]))
+    counts = devices or [1] * workers
+    assert [sum(f"task:{w}/" in d for d in chief["devices"]) for w in range(workers)] == counts
+    for w, report in reports.items():
+        assert len(report["local_devices"]) == counts[w] and all(f"task:{w}/" in d for d in report["local_devices"])
     assert chief["deviation"] <= 1e-6, chief
     assert chief["loss"] == pytest.approx(chief["single_loss"], rel=1e-6, abs=1e-7)
     assert chief["evaluate"] == pytest.approx(chief["single_evaluate"], rel=1e-6)
     assert chief["predict_deviation"] <= 1e-5
     for report in reports.values():  # every worker reports the whole batch's loss and metrics
         assert report["loss"] == chief["loss"] and report["evaluate"] == chief["evaluate"]
+    if "--save" in args:  # every worker called save(): the chief alone wrote the plain model
+        import keras
+
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["model.keras"]
+        assert reports[1]["written"] == [] and ["open", "model.keras"] in chief["written"], reports
+        saved = keras.saving.load_model(tmp_path / "model.keras")
+        assert type(saved) is keras.Sequential and len(saved.get_weights()) == 4
 
 
 def test_a_worker_killed_mid_training_ends_the_others_with_an_error_naming_it():
@@ -68,6 +83,24 @@ def test_a_worker_killed_mid_training_ends_the_others_with_an_error_naming_it():
     assert seconds < 120
 
 
+def test_harness_check_under_harness_launch_checks_across_workers():
+    import subprocess
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
+    done = subprocess.run([sys.executable, "-m", "harness", "launch", "--workers", "2", "--devices-per-worker", "1",
+                           "2", "--timeout", "400", "--", sys.executable, "-m", "harness", "check", "--ratios", "3",
+                           "2", "1", "--models", "dense", "cnn_bn"], env=env, capture_output=True, text=True,
+                          timeout=450)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    assert "[worker 0] 2 workers, devices per worker [1, 2], ratios [3.0, 2.0, 1.0]: batch 20 -> [10, 7, 3], " \
+           "last batch 2" in lines
+    # The last batch of 2 leaves worker 1's second device empty: the CNN's borrowed row keeps it exact.
+    assert any(line.startswith("[worker 0] cnn_bn     mirrored") and line.endswith(" ok") for line in lines), lines
+    assert "[worker 0] 2 of 2 checks within tol 1e-06 across 2 workers" in lines
+    assert not any(line.startswith("[worker 1] model") for line in lines)  # only the chief prints the table
+
+
 def test_use_cluster_without_tf_config_says_how_to_start_workers():
     import subprocess
 
@@ -78,16 +111,46 @@ def test_use_cluster_without_tf_config_says_how_to_start_workers():
     assert "ValueError: TF_CONFIG is not set: start the workers with `harness launch --workers N -- ...`" in done.stderr
 
 
-def test_what_is_not_exact_across_workers_yet_is_refused_by_name(logical_devices, keras2):
+def test_what_is_not_exact_across_workers_yet_is_refused_by_name(logical_devices, keras3, keras2):
     import harness
     from harness.cluster import Cluster
 
-    task = "/job:worker/replica:0/task:{}/device:CPU:0"
-    cluster = Cluster(index=0, workers=2, local_devices=(task.format(0),), devices=(task.format(0), task.format(1)),
-                      strategy=None)  # refused before the strategy is used
-    layers = keras2.layers
-    model = keras2.Sequential([keras2.Input((3,)), layers.Dense(4), layers.BatchNormalization(name="bn1")])
-    with pytest.raises(NotImplementedError, match=r"Keras 2 \(tf_keras\) BatchNormalization layers \['bn1'\]"):
-        harness.parallelize(model, cluster, ratios=[1, 2])
+    task = "/job:worker/replica:0/task:{}/device:CPU:{}"
+    one_each = Cluster(index=0, workers=2, local_devices=(task.format(0, 0),),
+                       devices=(task.format(0, 0), task.format(1, 0)), strategy=None)  # refused before it is used
+    one_and_two = Cluster(index=0, workers=2, local_devices=(task.format(0, 0),),
+                          devices=(task.format(0, 0), task.format(1, 0), task.format(1, 1)), strategy=None,
+                          devices_per_worker=(1, 2))
+    model = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(4), keras3.layers.BatchNormalization()])
     with pytest.raises(ValueError, match="method must be 'mirrored'; got method='towers'"):
-        harness.parallelize(model, cluster, ratios=[1, 2], method="towers")
+        harness.parallelize(model, one_each, ratios=[1, 2], method="towers")
+    with pytest.raises(NotImplementedError, match="ratios='auto' is not supported yet"):
+        harness.parallelize(model, one_each, ratios="auto")
+    with pytest.raises(ValueError, match=r"ratios has 2 entries but there are 3 devices|3"):
+        harness.parallelize(model, one_and_two, ratios=[1, 2])
+
+    class Subclassed(keras3.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense, self.bn = keras3.layers.Dense(4), keras3.layers.BatchNormalization()
+
+        def call(self, x, training=None):
+            return self.bn(self.dense(x), training=training)
+
+    subclassed = Subclassed()
+    subclassed(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match=r"\[1, 2\] devices per worker.*subclassed Subclassed.*Give each worker one"):
+        harness.parallelize(subclassed, one_and_two, ratios=[1, 2, 3])
+
+    class Subclassed2(keras2.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense, self.bn = keras2.layers.Dense(4), keras2.layers.BatchNormalization()
+
+        def call(self, x, training=None):
+            return self.bn(self.dense(x), training=training)
+
+    subclassed2 = Subclassed2()
+    subclassed2(np.zeros((2, 3), "float32"))
+    with pytest.raises(ValueError, match=r"Keras 2 model needs a Functional or Sequential model.*Use a Keras 3"):
+        harness.parallelize(subclassed2, one_each, ratios=[1, 2])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITES = ("common", "throughput", "fidelity", "tuner", "startup")
+SUITES = ("common", "throughput", "fidelity", "tuner", "startup", "multiworker")
 
 
 @pytest.fixture

@@ -193,3 +193,21 @@ def test_worker_env_reaches_each_worker():
     assert result.status == 0
     assert sorted(out.getvalue().splitlines()) == ["[worker 0] 1 devices", "[worker 1] 2 devices"]
     assert os.environ.get("MY_DEVICES") is None
+
+
+def test_devices_per_worker_reach_each_worker_and_bad_counts_are_named(capsys):
+    out = io.StringIO()
+    result = launch(_worker("print(os.environ['HARNESS_WORKER_DEVICES'])"), 2, out=out, err=io.StringIO(),
+                    devices_per_worker=[1, 2])
+    assert result.status == 0
+    assert sorted(out.getvalue().splitlines()) == ["[worker 0] 1", "[worker 1] 2"]
+    out = io.StringIO()
+    assert launch(_worker("print(os.environ['HARNESS_WORKER_DEVICES'])"), 2, out=out, err=io.StringIO(),
+                  devices_per_worker=[3]).status == 0
+    assert sorted(out.getvalue().splitlines()) == ["[worker 0] 3", "[worker 1] 3"]
+    with pytest.raises(ValueError, match=r"one device count for every worker or one per worker \(3\); got \[1, 2\]"):
+        launch(["true"], 3, devices_per_worker=[1, 2])
+    with pytest.raises(ValueError, match=r"device count must be an int >= 1; got 0 in \[1, 0\]"):
+        launch(["true"], 2, devices_per_worker=[1, 0])
+    assert main(["launch", "--workers", "2", "--devices-per-worker", "1", "2", "3", "--", "true"]) == 2
+    assert "one per worker (2); got [1, 2, 3]" in capsys.readouterr().err

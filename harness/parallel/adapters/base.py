@@ -227,6 +227,11 @@ class Adapter:
         """The layer's output for ``x`` normalised by the given moments."""
         raise NotImplementedError
 
+    def set_initial_epoch(self, model, epoch: int | None) -> None:
+        """Makes ``model``'s next ``fit`` start at ``epoch`` (None: as asked), from a callback's
+        ``on_train_begin`` (``harness.parallel.backup``)."""
+        raise NotImplementedError
+
     def graph_of(self, model):
         """The Functional graph behind a Functional or built Sequential model, else None."""
         raise NotImplementedError

@@ -80,6 +80,16 @@ def _sync_batchnorm_class(k):
     return SyncBatchNormalization
 
 
+class _Resume:
+    """What a Keras 2 ``fit`` asks for its first epoch (``Model._training_state``)."""
+
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return max(self.epoch, initial_epoch), 0
+
+
 class Keras2Adapter(Adapter):
     generation = 2
     call_losses_are_means = True
@@ -250,7 +260,8 @@ class Keras2Adapter(Adapter):
             [i for i in range(rank) if i not in layer.axis]
 
     def bn_update(self, layer, mean, variance, count) -> None:
-        if layer.fused:  # the fused kernel's moving variance carries Bessel's correction
+        if layer.fused or getattr(layer, "bessel_moving_variance", False):  # the fused kernel's moving variance
+            # carries Bessel's correction (a SyncBatchNormalization stands in for a fused layer)
             variance = variance * _bessel(tf.cast(count, variance.dtype))
         layer._assign_moving_average(layer.moving_mean, mean, layer.momentum, None)
         layer._assign_moving_average(layer.moving_variance, variance, layer.momentum, None)
@@ -269,6 +280,11 @@ class Keras2Adapter(Adapter):
         return tf.cast(y, layer.compute_dtype)
 
     # -- the graph walk of towers -------------------------------------------------------------------------
+    def set_initial_epoch(self, model, epoch: int | None) -> None:
+        # tf_keras 2.15-2.21 fit asks ``self._training_state.maybe_load_initial_counters_from_ckpt`` after
+        # on_train_begin (BackupAndRestore's hook).
+        model._training_state = None if epoch is None else _Resume(epoch)
+
     def graph_of(self, model):
         if getattr(model, "_is_graph_network", False) and hasattr(model, "_nodes_by_depth"):
             return model

@@ -236,6 +236,10 @@ class Keras3Adapter(Adapter):
         return ops.cast(y, layer.compute_dtype)
 
     # -- the graph walk of towers -------------------------------------------------------------------------
+    def set_initial_epoch(self, model, epoch: int | None) -> None:
+        # Keras 3.0-3.15 fit: ``initial_epoch = self._initial_epoch or initial_epoch`` after on_train_begin.
+        model._initial_epoch = epoch
+
     def graph_of(self, model):
         if isinstance(model, keras.Sequential):
             model = getattr(model, "_functional", None)  # a built Sequential runs a Functional inside

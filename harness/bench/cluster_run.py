@@ -1,0 +1,417 @@
+"""One throughput run across the workers of a loopback cluster (``harness run --workers N``).
+
+The parent (``launch_run``) starts N local workers with ``harness.launch.launch``; each runs
+``python -m harness run`` in worker mode: ``WORKER_VARIABLE`` holds the run's ``ClusterPlan``
+as JSON, resolved once by the parent (model, method, devices per worker, per-device batches,
+emulated devices, timings). A worker (``run_worker``):
+
+1. joins the cluster first, before other TensorFlow work: ``harness.use_cluster`` for harness'
+   model (method ``mirrored``), a stock ``tf.distribute.MultiWorkerMirroredStrategy`` for the
+   stock baseline (method ``keras``: one replica per worker, its even split, no harness in
+   the step);
+2. builds the workload's model over every device of the cluster, worker by worker
+   (``harness.bench.runner.build_model``), each worker emulating its own devices;
+3. trains it on the same global batches as every other worker, in timed windows cut at the
+   same steps on every worker (``harness.bench.measure.lockstep_windows``: a worker that
+   stopped a step early would leave the others waiting in a collective), and measures its
+   own devices (``harness.bench.runner.train_windows``);
+4. prints one line per event for the parent, ``MARK`` and JSON: ``start`` (the chief adds the
+   run's config and its environment fingerprint), each ``window`` (its own devices' figures),
+   and ``end`` (status, error, input rate).
+
+The parent reads those lines (``Collector``, the launch's ``out``), merges each window of all
+workers into one (``merge_window``: every device, and each worker's samples/s: its rows per
+step over its step time; the total is the chief's) and builds the run's result
+(``cluster_result``) from the chief's, with per-worker figures. Other worker output is passed
+on, prefixed ``[worker i]``. A failing worker ends the run (the launch stops the others) and
+the result names it.
+
+Framework-neutral at import: TensorFlow is imported by the worker's functions only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TextIO, cast
+
+from harness.emulate import EmulatedDevice
+
+__all__ = ["WORKER_VARIABLE", "MARK", "ClusterPlan", "task_device", "run_worker", "Collector", "merge_window",
+           "cluster_result", "launch_run", "CLUSTER_METHODS", "one_line", "stock_fit_refused", "STOCK_REFUSED",
+           "stock_refusal_text"]
+
+WORKER_VARIABLE = "HARNESS_RUN_WORKER"  # set by the parent: this process is a worker of `harness run --workers`
+MARK = "HARNESS-RUN "  # a worker's line for the parent: MARK + JSON
+STOCK_REFUSED = "does not run under a stock MultiWorkerMirroredStrategy"  # in stock_refusal_text
+CLUSTER_METHODS = ("mirrored", "keras")  # harness' model across workers; the stock MultiWorkerMirroredStrategy
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """What every worker of a cluster run trains (a ``RunConfig`` without device names, known before TensorFlow).
+
+    ``counts`` are the workers' device counts; ``batches`` and ``emulate`` have one entry per
+    device of the cluster, worker 0's first. ``kind`` is ``"CPU"`` (logical CPU devices, emulated
+    or not) or ``"GPU"`` (each worker sees its own GPUs: ``gpu_blocks``).
+    """
+
+    model: str
+    size: str
+    method: str
+    counts: tuple[int, ...]
+    batches: tuple[int, ...]
+    seconds: float = 5.0
+    windows: int = 3
+    warmup_steps: int = 2
+    emulate: tuple[EmulatedDevice, ...] | None = None
+    input_delay_ms: float = 0.0
+    seed: int = 0
+    throttle: tuple[tuple[int, float, int], ...] = ()
+    kind: str = "CPU"
+    timeout_s: float = 60.0  # how long a collective waits for a peer
+    probe_steps: int = 3
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        for name in ("counts", "batches", "notes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "throttle", tuple(tuple(t) for t in self.throttle))
+        if self.emulate is not None:
+            object.__setattr__(self, "emulate", tuple(e if isinstance(e, EmulatedDevice) else EmulatedDevice(**e)
+                                                      for e in self.emulate))
+        self.validate()
+
+    @property
+    def workers(self) -> int:
+        return len(self.counts)
+
+    @property
+    def batch(self) -> int:
+        return sum(self.batches)
+
+    def worker_slice(self, worker: int) -> slice:
+        """Where worker ``worker``'s devices sit in ``batches`` and ``emulate`` (as ``Cluster.worker_slice``)."""
+        start = sum(self.counts[:worker])
+        return slice(start, start + self.counts[worker])
+
+    def validate(self) -> None:
+        """Raises ``ValueError`` naming the first bad field."""
+        if self.method not in CLUSTER_METHODS:
+            raise ValueError(f"across workers the method is {' or '.join(CLUSTER_METHODS)}; got {self.method!r}")
+        if not self.counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.counts):
+            raise ValueError(f"each worker needs an int >= 1 devices; got devices per worker {list(self.counts)}")
+        if self.method == "keras" and max(self.counts) > 1:
+            several = [w for w, c in enumerate(self.counts) if c > 1]
+            raise ValueError(
+                f"the stock baseline across workers (method 'keras') is Keras fit under a stock "
+                f"MultiWorkerMirroredStrategy: one replica per worker, so one device per worker; got devices per "
+                f"worker {list(self.counts)} (worker {', '.join(map(str, several))} with several)")
+        devices = sum(self.counts)
+        if len(self.batches) != devices:
+            raise ValueError(f"need one batch per device of the cluster ({devices}: {list(self.counts)} per worker); "
+                             f"got {len(self.batches)} batches {list(self.batches)}")
+        if self.emulate is not None and len(self.emulate) != devices:
+            raise ValueError(f"need one emulated device per device of the cluster ({devices}: {list(self.counts)} per "
+                             f"worker); got {len(self.emulate)}")
+        if self.kind not in ("CPU", "GPU"):
+            raise ValueError(f"kind must be 'CPU' or 'GPU'; got {self.kind!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
+
+    def gpu_blocks(self) -> list[str]:
+        """Each worker's ``CUDA_VISIBLE_DEVICES``: consecutive GPU ids, as many as its device count."""
+        starts = [sum(self.counts[:w]) for w in range(self.workers)]
+        return [",".join(str(s + i) for i in range(c)) for s, c in zip(starts, self.counts)]
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["emulate"] = None if self.emulate is None else [e.to_json() for e in self.emulate]
+        out["throttle"] = [list(t) for t in self.throttle]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClusterPlan:
+        return cls(**{**data, "throttle": [tuple(t) for t in data.get("throttle") or ()]})
+
+
+def task_device(worker: int, index: int, kind: str = "CPU") -> str:
+    """The name of worker ``worker``'s device ``index`` in a cluster, as the strategies name it."""
+    return f"/job:worker/replica:0/task:{worker}/device:{kind}:{index}"
+
+
+# -- the worker --------------------------------------------------------------------------------------------------
+
+def one_line(err: BaseException) -> str:
+    """``Type: message`` on one line; of TensorFlow's "in user code:" pages, the last line (the error itself)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    return f"{type(err).__name__}: {lines[-1] if lines[0].endswith(':') and len(lines) > 1 else lines[0]}"
+
+
+def stock_fit_refused(err: BaseException) -> bool:
+    """Whether ``err`` is Keras 3's ``fit`` failing under a stock ``MultiWorkerMirroredStrategy`` (see
+    ``stock_refusal_text``): its first batch or its step logs reduced across workers the way that strategy refuses."""
+    text = str(err)
+    return isinstance(err, ValueError) and (
+        ("PerReplica" in text and "to a Tensor" in text) or "Invalid reduction dimension 0 for input with 0" in text)
+
+
+def stock_refusal_text(err: BaseException) -> str:
+    """Why the stock baseline cannot run across workers on this Keras (checked on Keras 3.15.1, TensorFlow 2.21)."""
+    import keras
+
+    return (f"Keras {keras.__version__}'s fit {STOCK_REFUSED}: it reduces the "
+            "first batch (a structure of PerReplica values) and each step's scalar logs (MEAN over axis 0) across "
+            "workers, which the strategy refuses (keras-team/keras#20585, tensorflow/tensorflow#72388), so there is "
+            "no stock multi-worker baseline on this Keras; harness across workers (--method mirrored) is not "
+            f"affected. Keras said: {one_line(err)}")
+
+
+def _emit(event: str, **fields) -> None:
+    print(MARK + json.dumps({"event": event, **fields}, default=str), flush=True)
+
+
+def _exchange(strategy, index: int, workers: int) -> Callable[[float], list[float]]:
+    """``exchange(value) -> every worker's value``: one all-reduce over the cluster (every worker at the same step)."""
+    import tensorflow as tf
+
+    def exchange(value: float) -> list[float]:
+        mine = tf.one_hot(index, workers, on_value=float(value), off_value=0.0, dtype=tf.float64)
+
+        def replica():  # the value captured, as harness.use_cluster exchanges the device counts
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine)
+
+        total = strategy.experimental_local_results(tf.function(lambda: strategy.run(replica))())[0]
+        return [float(v) for v in total.numpy()]
+
+    return exchange
+
+
+def _join(plan: ClusterPlan):
+    """Joins the cluster (the process' first TensorFlow work): ``(index, devices, local, strategy, cluster)``."""
+    import tensorflow as tf
+
+    index = int(os.environ.get("HARNESS_WORKER_INDEX", "0"))
+    if plan.emulate is not None:  # each emulated device sleeps on one inter-op thread: leave threads for the work
+        current = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+        tf.config.threading.set_inter_op_parallelism_threads(max(current, plan.counts[index] + 2))
+    if plan.method == "keras":
+        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=plan.timeout_s)
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        index = strategy.cluster_resolver.task_id
+        local = tuple(strategy.extended.worker_devices)
+        spec = tf.DeviceSpec.from_string(local[0])
+        devices = tuple(task_device(w, 0, spec.device_type) for w in range(plan.workers))
+        return index, devices, (devices[index],), strategy, None
+    from harness.parallel.multiworker import use_cluster
+
+    cluster = use_cluster(timeout_s=plan.timeout_s, devices=plan.counts[index])
+    if tuple(cluster.counts) != plan.counts:
+        raise RuntimeError(f"the cluster's devices per worker {list(cluster.counts)} are not the plan's "
+                           f"{list(plan.counts)}")
+    return cluster.index, tuple(cluster.devices), tuple(cluster.local_devices), cluster.strategy, cluster
+
+
+def run_worker(plan: ClusterPlan) -> int:
+    """One worker of a cluster run (``harness run`` in worker mode); returns its exit status (0: complete).
+
+    Its figures go to the parent as ``MARK`` lines; an error is reported in its ``end`` line,
+    then raised (its traceback in the worker's output).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    index = int(os.environ.get("HARNESS_WORKER_INDEX", "0"))
+    try:
+        index, devices, local, strategy, cluster = _join(plan)
+        from harness.bench import workloads
+        from harness.bench.environment import fingerprint
+        from harness.bench.measure import lockstep_windows
+        from harness.bench.runner import RunConfig, build_model, train_windows
+
+        config = RunConfig(plan.model, plan.size, plan.method, devices, plan.batches, seconds=plan.seconds,
+                           windows=plan.windows, warmup_steps=plan.warmup_steps, emulate=plan.emulate,
+                           input_delay_ms=plan.input_delay_ms, seed=plan.seed, throttle=plan.throttle,
+                           notes=plan.notes)
+        start: dict[str, Any] = {"worker": index, "devices": list(local)}
+        if index == 0:
+            start.update(config=config.to_json(), environment=fingerprint(import_tf=True))
+        _emit("start", **start)
+        workload = workloads.get(plan.model)
+        model = build_model(config, workload, cluster=cluster, strategy=strategy if cluster is None else None)
+        try:
+            result = train_windows(config, model, workload, measured=local,
+                                   on_window=lambda window: _emit("window", worker=index, window=window),
+                                   windows_callback=lockstep_windows(_exchange(strategy, index, plan.workers),
+                                                                     plan.probe_steps))
+        except ValueError as err:
+            if plan.method == "keras" and stock_fit_refused(err):
+                raise RuntimeError(stock_refusal_text(err)) from err
+            raise
+    except BaseException as err:
+        _emit("end", worker=index, status="failed", error=one_line(err))
+        raise
+    _emit("end", worker=index, status=result["status"], error=result["error"], input=result["input"],
+          config=result["config"] if index == 0 else None)
+    return 0 if result["status"] == "complete" else 1
+
+
+# -- the parent --------------------------------------------------------------------------------------------------
+
+class Collector:
+    """The launch's ``out``: takes the workers' ``[worker i] MARK{...}`` lines, passes the others on.
+
+    ``on_event(worker, event)`` gets each event (a dict with ``"event"``); ``relay`` (default
+    ``sys.stderr``) gets every other line as the launch wrote it. Thread-safe: the launch writes
+    from one thread per worker, under its own lock.
+    """
+
+    def __init__(self, on_event: Callable[[int, dict], None], relay: TextIO | None = None):
+        self.on_event = on_event
+        self.relay = relay
+        self._lock = threading.Lock()
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            *lines, self._pending = self._pending.split("\n")
+        for line in lines:
+            self._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        (self.relay or sys.stderr).flush()
+
+    def _line(self, line: str) -> None:
+        prefix, sep, text = line.partition("] ")
+        if sep and prefix.startswith("[worker ") and text.startswith(MARK):
+            try:
+                event = json.loads(text[len(MARK):])
+                worker = int(prefix[len("[worker "):])
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and "event" in event:
+                self.on_event(worker, event)
+                return
+        relay = self.relay or sys.stderr
+        relay.write(line + "\n")
+        relay.flush()
+
+
+def merge_window(records: Sequence[Mapping[str, Any]]) -> dict:
+    """One window of the cluster from each worker's record of it (worker 0's first).
+
+    Every device's row as its worker measured it; the window's steps and time are the chief's
+    (a synchronous cluster's workers end each step together); ``workers`` holds each worker's
+    figures: its devices, its rows per step (``batch``), its window time and samples/s (its rows
+    per step over its step time).
+
+    Raises:
+        ValueError: the workers disagree on the window's index or steps (their windows must be cut at
+            the same steps).
+    """
+    chief = records[0]
+    steps = {r["steps"] for r in records}
+    if len({r["index"] for r in records}) > 1 or len(steps) > 1:
+        raise ValueError(f"the workers' windows differ: index {[r['index'] for r in records]}, steps "
+                         f"{[r['steps'] for r in records]}")
+    workers = []
+    for worker, record in enumerate(records):
+        rows = sum(d["batch"] for d in record["devices"])
+        workers.append({"worker": worker, "devices": [d["device"] for d in record["devices"]], "batch": rows,
+                        "seconds": record["seconds"], "step_seconds": record["seconds"] / record["steps"],
+                        "samples_per_second": rows * record["steps"] / record["seconds"]})
+    return {"index": chief["index"], "seconds": chief["seconds"], "steps": chief["steps"], "samples": chief["samples"],
+            "samples_per_second": chief["samples_per_second"],
+            "devices": [d for r in records for d in r["devices"]],
+            "host_bound": [d for r in records for d in r.get("host_bound") or ()], "workers": workers}
+
+
+def cluster_result(plan: ClusterPlan, windows: Sequence[dict], ends: Mapping[int, dict], launch_status: int,
+                   first_failure: int | None, reason: str, config: dict | None = None) -> dict:
+    """The run's result, as ``run_one``'s: the merged windows, their summary, the chief's input rate, and
+    ``workers`` (each worker's status, samples/s summary and input rate) and ``cluster``.
+
+    ``ends``: each worker's ``end`` event; ``launch_status``, ``first_failure``, ``reason``: how the
+    launch ended (``harness.launch.LaunchResult``). The status is ``"complete"`` when every worker
+    completed, else the first failing worker's (``"oom"`` or ``"failed"``) with an error naming it.
+    """
+    from harness.bench.results import summarize
+    from harness.bench.runner import _summary
+
+    result: dict[str, Any] = {"config": config, "status": "complete", "windows": list(windows), "summary": None,
+                              "input": (ends.get(0) or {}).get("input"), "error": None,
+                              "cluster": {"workers": plan.workers, "devices_per_worker": list(plan.counts),
+                                          "launch_status": launch_status, "launch": reason}}
+    result["workers"] = [{"worker": w, "devices": (windows[0]["workers"][w]["devices"] if windows else None),
+                          "batch": sum(plan.batches[plan.worker_slice(w)]),
+                          "status": (ends.get(w) or {}).get("status", "stopped"),
+                          "error": (ends.get(w) or {}).get("error"), "input": (ends.get(w) or {}).get("input"),
+                          "samples_per_second": summarize([x["workers"][w]["samples_per_second"] for x in windows])
+                          if windows else None}
+                         for w in range(plan.workers)]
+    if all((ends.get(w) or {}).get("status") == "complete" for w in range(plan.workers)) and launch_status == 0:
+        result["summary"] = _summary(windows)
+        result["summary"]["workers"] = [w["samples_per_second"] for w in result["workers"]]
+        return result
+    failed = first_failure if first_failure is not None else next(
+        (w for w in range(plan.workers) if (ends.get(w) or {}).get("status") != "complete"), None)
+    end = (ends.get(failed) or {}) if failed is not None else {}
+    status = "oom" if end.get("status") == "oom" else "failed"
+    if failed is None:
+        why = f"the launch ended: {reason} (status {launch_status})"
+    else:
+        if end.get("status") not in (None, "stopped", "complete"):
+            why = f"worker {failed} {end['status']}: {end.get('error')}"
+        elif reason == "failed":
+            why = f"worker {failed} exited with status {launch_status}" + (
+                " after it reported" if end.get("status") == "complete" else " before it reported")
+        else:
+            why = f"worker {failed} did not finish: the launch {reason} (status {launch_status})"
+    result.update(status=status, error=why)
+    return result
+
+
+def launch_run(plan: ClusterPlan, *, on_event: Callable[[int, dict], None] | None = None,
+               relay: TextIO | None = None, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+               timeout_s: float | None = None, grace_s: float = 5.0):
+    """Runs ``plan`` on ``plan.workers`` local workers; returns ``(LaunchResult, ends)``.
+
+    Args:
+        on_event: called with ``(worker, event)`` for each worker event (``start``, ``window``, ``end``) as it
+            arrives, from the launch's reader threads.
+        relay: where the workers' other output lines go (default ``sys.stderr``).
+        command: each worker's command (default ``python -m harness run``, which reads the plan from
+            ``WORKER_VARIABLE``).
+        env: the workers' environment (default this process's).
+        timeout_s: stop every worker after this many seconds.
+    """
+    from harness.launch import launch
+
+    ends: dict[int, dict] = {}
+    lock = threading.Lock()
+
+    def event(worker: int, data: dict) -> None:
+        with lock:
+            if data["event"] == "end":
+                ends[worker] = data
+            if on_event is not None:
+                on_event(worker, data)
+
+    base = dict(os.environ if env is None else env)
+    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    base[WORKER_VARIABLE] = json.dumps(plan.to_json())
+    blocks = plan.gpu_blocks() if plan.kind == "GPU" else None
+    if plan.kind == "CPU":
+        base["CUDA_VISIBLE_DEVICES"] = "-1"  # logical CPU devices: keep TensorFlow off any GPU
+    result = launch(list(command or [sys.executable, "-m", "harness", "run"]), plan.workers, env=base,
+                    worker_env=(lambda w: {"CUDA_VISIBLE_DEVICES": blocks[w]}) if blocks else None,
+                    devices_per_worker=list(plan.counts), out=cast(TextIO, Collector(event, relay)),
+                    err=relay or sys.stderr,
+                    timeout_s=timeout_s, grace_s=grace_s)
+    return result, ends
