@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 __all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
-           "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs"]
+           "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs", "callback_class"]
 
 
 class Keras2NotSupported(RuntimeError):
@@ -154,3 +154,13 @@ def releasing_traced_graphs() -> Iterator[None]:
         if before is not None and isinstance(registry, dict):
             for name in [n for n in registry if n not in before and n.startswith("CustomGradient-")]:
                 del registry[name]
+
+
+def callback_class(public: type, mixin: type, k) -> type:
+    """``public`` (a callback of the ``keras`` package) as a callback of Keras module ``k``: itself where it
+    already is one, else ``mixin`` (what it does) on ``k.callbacks.Callback`` (a ``tf_keras`` ``fit`` takes its
+    own callbacks only)."""
+    if issubclass(public, k.callbacks.Callback):
+        return public
+    return type(public.__name__, (mixin, k.callbacks.Callback),
+                {"__doc__": public.__doc__, "__module__": public.__module__})

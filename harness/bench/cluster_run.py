@@ -26,6 +26,17 @@ step over its step time; the total is the chief's) and builds the run's result
 on, prefixed ``[worker i]``. A failing worker ends the run (the launch stops the others) and
 the result names it.
 
+The stock baseline is Keras 2's: the workload built with ``tf_keras`` (``stock_keras``) and
+trained by tf_keras' own ``fit``, because Keras 3's ``fit`` cannot run under a stock
+``MultiWorkerMirroredStrategy`` (keras-team/keras#20585: Keras 3.15.1 reduces the first batch's
+PerReplica values and each step's scalar logs across workers, which the strategy refuses), and
+users who train across workers today do it with tf_keras. Its input is tf_keras' own: ``fit``
+distributes the dataset of global batches with the strategy (``stock_input_text``), so each
+step takes one global batch of the run's size, split evenly over the workers' replicas; the
+dataset's auto-shard policy is set to DATA (what TensorFlow's AUTO falls back to for an
+in-memory dataset, without its warning). Without tf_keras the run is refused, with the reason
+(``stock_refusal_text``).
+
 Framework-neutral at import: TensorFlow is imported by the worker's functions only.
 """
 
@@ -42,12 +53,13 @@ from typing import Any, TextIO, cast
 from harness.emulate import EmulatedDevice
 
 __all__ = ["WORKER_VARIABLE", "MARK", "ClusterPlan", "task_device", "run_worker", "Collector", "merge_window",
-           "cluster_result", "launch_run", "CLUSTER_METHODS", "one_line", "stock_fit_refused", "STOCK_REFUSED",
-           "stock_refusal_text"]
+           "cluster_result", "launch_run", "CLUSTER_METHODS", "one_line", "STOCK_REFUSED", "STOCK_ISSUE",
+           "stock_keras", "stock_keras_name", "stock_note", "stock_input_text", "stock_refusal_text"]
 
 WORKER_VARIABLE = "HARNESS_RUN_WORKER"  # set by the parent: this process is a worker of `harness run --workers`
 MARK = "HARNESS-RUN "  # a worker's line for the parent: MARK + JSON
 STOCK_REFUSED = "does not run under a stock MultiWorkerMirroredStrategy"  # in stock_refusal_text
+STOCK_ISSUE = "keras-team/keras#20585"  # Keras 3's fit under a stock MultiWorkerMirroredStrategy
 CLUSTER_METHODS = ("mirrored", "keras")  # harness' model across workers; the stock MultiWorkerMirroredStrategy
 
 
@@ -76,6 +88,7 @@ class ClusterPlan:
     timeout_s: float = 60.0  # how long a collective waits for a peer
     probe_steps: int = 3
     notes: tuple[str, ...] = field(default=())
+    rebalance_every: int | None = None  # harness.Rebalance(every=...): every worker re-splits alike
 
     def __post_init__(self):
         for name in ("counts", "batches", "notes"):
@@ -108,7 +121,7 @@ class ClusterPlan:
         if self.method == "keras" and max(self.counts) > 1:
             several = [w for w, c in enumerate(self.counts) if c > 1]
             raise ValueError(
-                f"the stock baseline across workers (method 'keras') is Keras fit under a stock "
+                f"the stock baseline across workers (method 'keras') is Keras 2's fit under a stock "
                 f"MultiWorkerMirroredStrategy: one replica per worker, so one device per worker; got devices per "
                 f"worker {list(self.counts)} (worker {', '.join(map(str, several))} with several)")
         devices = sum(self.counts)
@@ -154,23 +167,71 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[-1] if lines[0].endswith(':') and len(lines) > 1 else lines[0]}"
 
 
-def stock_fit_refused(err: BaseException) -> bool:
-    """Whether ``err`` is Keras 3's ``fit`` failing under a stock ``MultiWorkerMirroredStrategy`` (see
-    ``stock_refusal_text``): its first batch or its step logs reduced across workers the way that strategy refuses."""
-    text = str(err)
-    return isinstance(err, ValueError) and (
-        ("PerReplica" in text and "to a Tensor" in text) or "Invalid reduction dimension 0 for input with 0" in text)
+def _package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
-def stock_refusal_text(err: BaseException) -> str:
-    """Why the stock baseline cannot run across workers on this Keras (checked on Keras 3.15.1, TensorFlow 2.21)."""
-    import keras
+def stock_keras_name() -> str | None:
+    """The Keras 2 module the stock baseline across workers trains with, found without importing it: ``"keras"``
+    where the keras package is Keras 2 (TensorFlow <= 2.15), else ``"tf_keras"`` where it is installed, else None."""
+    import importlib.util
 
-    return (f"Keras {keras.__version__}'s fit {STOCK_REFUSED}: it reduces the "
-            "first batch (a structure of PerReplica values) and each step's scalar logs (MEAN over axis 0) across "
-            "workers, which the strategy refuses (keras-team/keras#20585, tensorflow/tensorflow#72388), so there is "
-            "no stock multi-worker baseline on this Keras; harness across workers (--method mirrored) is not "
-            f"affected. Keras said: {one_line(err)}")
+    keras = _package_version("keras")
+    if keras is not None and keras.split(".")[0] == "2":
+        return "keras"
+    return "tf_keras" if importlib.util.find_spec("tf_keras") is not None else None
+
+
+def _stock_keras_text(name: str | None) -> str:
+    if name == "keras":
+        return f"keras {_package_version('keras')} (Keras 2)"
+    return f"tf_keras {_package_version('tf-keras') or _package_version('tf_keras') or '?'} (Keras 2)"
+
+
+def stock_keras():
+    """The Keras 2 module of the stock baseline across workers (``stock_keras_name``), imported.
+
+    Raises:
+        RuntimeError: ``stock_refusal_text()``: no Keras 2 here.
+    """
+    import importlib
+
+    name = stock_keras_name()
+    if name is None:
+        raise RuntimeError(stock_refusal_text())
+    return importlib.import_module(name)
+
+
+def stock_note() -> str:
+    """One line: the stock baseline across workers is Keras 2's ``fit``, and why (the parent prints it)."""
+    name, keras = stock_keras_name(), _package_version("keras")
+    what = (f"the stock baseline across workers is {_stock_keras_text(name)} fit under a stock "
+            "MultiWorkerMirroredStrategy")
+    return what if name == "keras" else f"{what}: Keras {keras or '3'}'s fit {STOCK_REFUSED} ({STOCK_ISSUE})"
+
+
+def stock_input_text(batches: Sequence[int]) -> str:
+    """How the stock baseline across workers feeds its global batch (``batches``: the workers' even shares)."""
+    batch = sum(batches)
+    return (f"input: Keras 2's fit distributes the dataset of global batches ({batch} rows) with the strategy "
+            f"(tf.data auto-shard policy DATA): every worker reads the same pipeline, each step takes one global "
+            f"batch and gives each worker's replica its share ({' + '.join(map(str, batches))}); samples/s counts "
+            f"{batch} samples per step")
+
+
+def stock_refusal_text() -> str:
+    """Why the stock baseline cannot run across workers here: no Keras 2 (checked on Keras 3.15.1, TensorFlow 2.21)."""
+    keras = _package_version("keras")
+    return (f"the stock baseline across workers (--method keras) is Keras 2's fit (tf_keras) under a stock "
+            f"MultiWorkerMirroredStrategy, and tf_keras is not installed here: Keras {keras or '3'}'s fit "
+            f"{STOCK_REFUSED} (it reduces the first batch, a structure of PerReplica values, and each step's scalar "
+            f"logs across workers, which the strategy refuses: {STOCK_ISSUE}, tensorflow/tensorflow#72388). "
+            "Install tf-keras (the version of your TensorFlow), or use --method mirrored (harness across workers)")
 
 
 def _emit(event: str, **fields) -> None:
@@ -191,6 +252,15 @@ def _exchange(strategy, index: int, workers: int) -> Callable[[float], list[floa
         return [float(v) for v in total.numpy()]
 
     return exchange
+
+
+def _data_sharding():
+    """``tf.data.Options`` sharding a dataset by its elements across workers (see the module's doc)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return options
 
 
 def _join(plan: ClusterPlan):
@@ -236,22 +306,21 @@ def run_worker(plan: ClusterPlan) -> int:
         config = RunConfig(plan.model, plan.size, plan.method, devices, plan.batches, seconds=plan.seconds,
                            windows=plan.windows, warmup_steps=plan.warmup_steps, emulate=plan.emulate,
                            input_delay_ms=plan.input_delay_ms, seed=plan.seed, throttle=plan.throttle,
-                           notes=plan.notes)
+                           notes=plan.notes, rebalance_every=plan.rebalance_every)
         start: dict[str, Any] = {"worker": index, "devices": list(local)}
         if index == 0:
             start.update(config=config.to_json(), environment=fingerprint(import_tf=True))
         _emit("start", **start)
         workload = workloads.get(plan.model)
-        model = build_model(config, workload, cluster=cluster, strategy=strategy if cluster is None else None)
-        try:
-            result = train_windows(config, model, workload, measured=local,
-                                   on_window=lambda window: _emit("window", worker=index, window=window),
-                                   windows_callback=lockstep_windows(_exchange(strategy, index, plan.workers),
-                                                                     plan.probe_steps))
-        except ValueError as err:
-            if plan.method == "keras" and stock_fit_refused(err):
-                raise RuntimeError(stock_refusal_text(err)) from err
-            raise
+        if cluster is None:  # the stock baseline: Keras 2's model, fit and input handling
+            model = build_model(config, workload, strategy=strategy, keras_module=stock_keras())
+            input_options = _data_sharding()
+        else:
+            model, input_options = build_model(config, workload, cluster=cluster), None
+        result = train_windows(config, model, workload, measured=local, input_options=input_options,
+                               on_window=lambda window: _emit("window", worker=index, window=window),
+                               windows_callback=lockstep_windows(_exchange(strategy, index, plan.workers),
+                                                                 plan.probe_steps))
     except BaseException as err:
         _emit("end", worker=index, status="failed", error=one_line(err))
         raise
@@ -329,7 +398,9 @@ def merge_window(records: Sequence[Mapping[str, Any]]) -> dict:
     return {"index": chief["index"], "seconds": chief["seconds"], "steps": chief["steps"], "samples": chief["samples"],
             "samples_per_second": chief["samples_per_second"],
             "devices": [d for r in records for d in r["devices"]],
-            "host_bound": [d for r in records for d in r.get("host_bound") or ()], "workers": workers}
+            "host_bound": [d for r in records for d in r.get("host_bound") or ()], "workers": workers,
+            # Re-splits (--rebalance): every worker decides the same from the same gathered busy times.
+            **{key: chief[key] for key in ("ratios", "resplits") if key in chief}}
 
 
 def cluster_result(plan: ClusterPlan, windows: Sequence[dict], ends: Mapping[int, dict], launch_status: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["StepTimes", "Window", "time_train_steps", "window_callback", "lockstep_windows"]
 
@@ -79,7 +80,7 @@ class Window:
 
 
 def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None,
-                    on_step=None):
+                    on_step=None, keras_module=None):
     """A Keras callback cutting training into timed windows, then stopping it.
 
     The first ``warmup_steps`` steps (tracing, allocation) are not timed. A
@@ -95,26 +96,15 @@ def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_ste
         on_window: called with each finished ``Window``.
         on_step: called with ``(phase, steps_in_phase, elapsed_s)`` after each
             step, phase ``"warmup"`` or the window index (for progress display).
+        keras_module: the Keras module of the model it trains (default ``keras``; ``tf_keras``'s ``fit``
+            takes only its own callbacks).
 
     Returns:
         The callback; its ``windows`` attribute lists the finished windows.
     """
-    import keras
+    _check_windows(seconds, windows, warmup_steps)
 
-    if not seconds > 0 or windows < 1 or warmup_steps < 1:
-        raise ValueError(
-            f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
-            f"warmup_steps={warmup_steps}"
-        )
-
-    class _Windows(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.windows: list[Window] = []
-            self._warm = 0
-            self._start = None
-            self._steps = 0
-
+    class _Windows(_window_log(keras_module)):  # type: ignore[misc]  # keras or tf_keras
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
             if self._start is None:
@@ -125,11 +115,35 @@ def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_ste
                     self._start = now
                 return
             self._steps += 1
-            elapsed = now - self._start
             if on_step is not None:
-                on_step(len(self.windows), self._steps, elapsed)
-            if elapsed < seconds:
-                return
+                on_step(len(self.windows), self._steps, now - self._start)
+            if now - self._start >= seconds:
+                self._close(now, batch_size, windows, on_window)
+
+    return _Windows()
+
+
+def _check_windows(seconds: float, windows: int, warmup_steps: int) -> None:
+    if not seconds > 0 or windows < 1 or warmup_steps < 1:
+        raise ValueError(
+            f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
+            f"warmup_steps={warmup_steps}"
+        )
+
+
+def _window_log(keras_module):
+    """The base of the window callbacks: the finished windows, and closing one (stopping after the last)."""
+
+    class _WindowLog(_callback_base(keras_module)):  # keras or tf_keras
+        def __init__(self):
+            super().__init__()
+            self.windows: list[Window] = []
+            self._warm = 0
+            self._start: float | None = None
+            self._steps = 0
+
+        def _close(self, now: float, batch_size: int, windows: int, on_window) -> None:
+            assert self._start is not None
             window = Window(len(self.windows), self._start, now, self._steps, self._steps * batch_size)
             self.windows.append(window)
             if on_window is not None:
@@ -138,7 +152,7 @@ def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_ste
             if len(self.windows) >= windows:
                 self.model.stop_training = True
 
-    return _Windows()
+    return _WindowLog
 
 
 def lockstep_windows(exchange, probe_steps: int = 3):
@@ -160,27 +174,18 @@ def lockstep_windows(exchange, probe_steps: int = 3):
         A function taking ``window_callback``'s keyword arguments and returning the callback (whose
         ``windows`` lists the finished windows and ``steps_per_window`` the agreed length).
     """
-    import keras
-
     if isinstance(probe_steps, bool) or not isinstance(probe_steps, int) or probe_steps < 1:
         raise ValueError(f"probe_steps must be an int >= 1; got {probe_steps!r}")
 
-    def make(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None, on_step=None):
-        if not seconds > 0 or windows < 1 or warmup_steps < 1:
-            raise ValueError(
-                f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
-                f"warmup_steps={warmup_steps}"
-            )
+    def make(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None, on_step=None,
+             keras_module=None):
+        _check_windows(seconds, windows, warmup_steps)
 
-        class _Lockstep(keras.callbacks.Callback):
+        class _Lockstep(_window_log(keras_module)):  # type: ignore[misc]  # keras or tf_keras
             def __init__(self):
                 super().__init__()
-                self.windows: list[Window] = []
                 self.steps_per_window: int | None = None
                 self.probe_seconds: list[float] = []  # each worker's mean probe step
-                self._warm = 0
-                self._start: float | None = None
-                self._steps = 0
 
             def on_train_batch_end(self, batch, logs=None):
                 now = time.perf_counter()
@@ -200,16 +205,18 @@ def lockstep_windows(exchange, probe_steps: int = 3):
                 self._steps += 1
                 if on_step is not None:
                     on_step(len(self.windows), self._steps, now - self._start)
-                if self._steps < self.steps_per_window:
-                    return
-                window = Window(len(self.windows), self._start, now, self._steps, self._steps * batch_size)
-                self.windows.append(window)
-                if on_window is not None:
-                    on_window(window)
-                self._start, self._steps = now, 0
-                if len(self.windows) >= windows:
-                    self.model.stop_training = True
+                if self._steps >= self.steps_per_window:
+                    self._close(now, batch_size, windows, on_window)
 
         return _Lockstep()
 
     return make
+
+
+def _callback_base(module) -> Any:
+    """``module.callbacks.Callback``, of Keras 3's ``keras`` for None."""
+    if module is None:
+        import keras
+
+        return keras.callbacks.Callback
+    return module.callbacks.Callback

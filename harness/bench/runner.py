@@ -218,6 +218,7 @@ def train_windows(
     on_step: Callable[[str | int, int, float], None] | None = None,
     windows_callback: Callable[..., Any] | None = None,
     measured: Sequence[str] | None = None,
+    input_options=None,
 ) -> dict:
     """``run_one`` on a model already built and compiled for ``config`` (``build_model``, or a cluster's).
 
@@ -227,20 +228,29 @@ def train_windows(
             workers pass one that cuts every worker's windows at the same steps.
         measured: the devices this process measures (default: all of ``config.devices``); a cluster
             worker measures its own, and its window records list only them.
+        input_options: a ``tf.data.Options`` for the workload's dataset (default none): the stock baseline
+            across workers sets its auto-shard policy there.
+
+    The callbacks are of the model's Keras (``harness.compat.keras_module_of``): a Keras 2 (``tf_keras``)
+    model's ``fit`` takes only its own.
     """
     import tensorflow as tf
 
     from harness.bench import workloads
     from harness.bench.measure import window_callback
     from harness.bench.workloads import pipeline
+    from harness.compat import keras_module_of
 
     workload = workloads.get(config.model) if workload is None else workload
     emulator = getattr(model, "emulator", None)  # a stock Keras model (method 'keras') has none
+    k = keras_module_of(model)
     dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
                                     input_delay_ms=config.input_delay_ms)
+    if input_options is not None:
+        dataset = dataset.with_options(input_options)
     result: dict[str, Any] = {"config": config.to_json(), "status": "running", "windows": [], "summary": None,
                               "input": None, "error": None}
-    extra = _extra_callbacks(config, model)
+    extra = _extra_callbacks(config, model, k)
     history = extra[-1].history if config.rebalance_every is not None else None
     if history is not None:
         result["rebalance"] = history
@@ -256,7 +266,7 @@ def train_windows(
 
     callback = (windows_callback or window_callback)(
         batch_size=config.batch, seconds=config.seconds, windows=config.windows, warmup_steps=config.warmup_steps,
-        on_window=finished, on_step=on_step)
+        on_window=finished, on_step=on_step, keras_module=k)
     try:
         with _placement(config):
             model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback],
@@ -273,7 +283,7 @@ def train_windows(
     return result
 
 
-def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None):
+def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None, keras_module=None):
     """``config``'s model, parallelized and compiled as ``run_one`` trains it (asv's step timings use it too).
 
     Args:
@@ -282,13 +292,21 @@ def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None
         cluster: across workers, the ``harness.use_cluster()`` cluster (``config.devices`` are its devices).
         strategy: the stock baseline's strategy (method 'keras'), e.g. a stock ``MultiWorkerMirroredStrategy``
             across workers; default: a stock MirroredStrategy over ``config.devices`` (or none on one).
+        keras_module: the Keras module the stock baseline (method 'keras') builds and trains in (default
+            ``keras``; ``tf_keras`` across workers); harness' methods train Keras 3 models only.
+
+    Raises:
+        ValueError: ``keras_module`` with one of harness' methods.
     """
     from harness.bench import workloads
     from harness.parallel import parallelize
 
     workload = workloads.get(config.model) if workload is None else workload
     if config.method == RunMethod.KERAS:
-        return _stock_model(config, workload, strategy)
+        return _stock_model(config, workload, strategy, keras_module)
+    if keras_module is not None:
+        raise ValueError(f"keras_module is the stock baseline's (method 'keras'); method {config.method!r} builds "
+                         "with keras")
     template = workload.build(config.size, seed=config.seed)
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices) if cluster is None else cluster, ratios=list(config.batches),
@@ -308,21 +326,22 @@ def _placement(config: RunConfig):
     return contextlib.nullcontext()
 
 
-def _stock_model(config: RunConfig, workload, strategy=None):
+def _stock_model(config: RunConfig, workload, strategy=None, keras_module=None):
     """The stock baseline (``harness.bench.stock``): the workload's model as Keras trains it, no harness in its step."""
     from harness.bench.stock import stock_model
     from harness.emulate import emulator_for
 
-    return stock_model(lambda: workload.build(config.size, seed=config.seed),
-                       lambda model: model.compile(optimizer=workload.optimizer(), loss=workload.loss()),
+    k = keras_module
+    return stock_model(lambda: workload.build(config.size, seed=config.seed, keras_module=k),
+                       lambda model: model.compile(optimizer=workload.optimizer(k), loss=workload.loss(k)),
                        config.devices, emulator_for(config.emulate, config.devices), strategy=strategy)
 
 
-def _extra_callbacks(config: RunConfig, model) -> list:
-    """The throttle and rebalance callbacks a config asks for (the rebalancer last)."""
+def _extra_callbacks(config: RunConfig, model, keras_module) -> list:
+    """The throttle and rebalance callbacks a config asks for (the rebalancer last), of the model's Keras."""
     callbacks = []
     if config.throttle:
-        callbacks.append(_throttle_callback(config, model))
+        callbacks.append(_throttle_callback(config, model, keras_module))
     if config.rebalance_every is not None:
         from harness.parallel.rebalance import Rebalance
 
@@ -330,9 +349,7 @@ def _extra_callbacks(config: RunConfig, model) -> list:
     return callbacks
 
 
-def _throttle_callback(config: RunConfig, model):
-    import keras
-
+def _throttle_callback(config: RunConfig, model, keras):
     pending = sorted(config.throttle, key=lambda entry: entry[2])
 
     class _Throttle(keras.callbacks.Callback):
@@ -401,7 +418,9 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
             row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
                        busy_rate=busy[device].rate)
         if row["source"] == "emulated":
+            # rows_per_step: the rows the device's slices held, as it received them (how the input was split)
             row.update(emulated_rate=emulator.devices[device].rate, logged_steps=busy[device].steps,
+                       rows_per_step=busy[device].samples / busy[device].steps if busy[device].steps else None,
                        late_steps=busy[device].late_steps, host_rate=busy[device].host_rate,
                        host_bound=busy[device].host_bound)
         stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None

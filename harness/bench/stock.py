@@ -12,7 +12,10 @@ carries the device's finish: its gradient is the emulator's exact zero, computed
 once the backward pass reaches the input, so the step waits for the emulated
 device as harness' own steps do (``harness.emulate``). Keras' optimizer
 all-reduces that zero with the other gradients; the scalar stays 0. Nothing else
-of Keras' step changes.
+of Keras' step changes. The wrapper is of the model's own Keras (``emulated_class(k)``):
+a Keras 3 model, or a tf_keras one, as the stock baseline across workers trains
+(``harness.bench.cluster_run``: Keras 3.15's fit cannot run under a stock
+MultiWorkerMirroredStrategy).
 """
 
 from __future__ import annotations

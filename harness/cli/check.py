@@ -11,15 +11,17 @@ verdict of ``compare_training`` (exact, as accurate as one device, exact in
 float64), refused (harness names what it does not support) or FAIL; the exit
 status is 1 if any case FAILs. Progress goes to stderr.
 
-Under ``harness launch`` (``TF_CONFIG`` set) it checks across the workers instead: each
-worker joins the cluster with its devices (``--devices-per-worker``, default one each), and
-method mirrored trains every model over all of the cluster's devices (``--ratios``: one per
-device, worker 0's first; default n:...:2:1) against one device; the chief prints the table,
-every worker exits 1 if a check fails. Step timing is single-process only.
+``--workers N`` (or under ``harness launch``, ``TF_CONFIG`` set) checks across N local workers
+of one loopback cluster instead: each worker joins it with its devices
+(``--devices-per-worker``, default one each), and method mirrored trains every model over all
+of the cluster's devices (``--ratios``: one per device, worker 0's first; default n:...:2:1)
+against one device; the chief prints the table, every worker exits 1 if a check fails. Step
+timing is single-process only.
 
 Examples:
     harness check                                   # 3 logical CPUs, ratios 5 3 2
-    harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1
+    harness check --workers 2 --devices-per-worker 1 2 --ratios 3 2 1
+    harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1   # the same
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def add_parser(subparsers) -> None:
                    help="timed training steps per method, 0 to skip timing (default 20)")
     p.add_argument("--time-batch", type=int, default=256, help="global batch for timing (default 256)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="check across N local worker processes of one loopback cluster (harness launch)")
+    p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
+                   help="with --workers: devices each worker trains on, one N for all or one per worker")
     zoo = p.add_argument_group("model zoo (--zoo)")
     zoo.add_argument("--zoo", action="store_true",
                      help="model-zoo conformance: every zoo model x --methods x split against one device and float64")
@@ -94,6 +100,8 @@ def _say(args, text: str) -> None:
 
 
 def run(args) -> int:
+    if args.workers is not None or args.devices_per_worker is not None:
+        return _launch_workers(args)
     if os.environ.get("TF_CONFIG"):
         return _across_workers(args)
     args.methods = args.methods or list(PARALLEL_METHODS)
@@ -115,6 +123,25 @@ def run(args) -> int:
     else:
         print(f"{len(checks) - len(failed)} of {len(checks)} checks within tol {args.tol:g}")
     return 1 if failed else 0
+
+
+def _launch_workers(args) -> int:
+    """``--workers N``: this check, run by N local workers of one cluster (``harness launch``); their status."""
+    from harness.launch import launch
+
+    if args.workers is None:
+        raise ValueError("--devices-per-worker needs --workers N")
+    if os.environ.get("TF_CONFIG"):
+        raise ValueError("--workers starts its own workers; this process already is one (TF_CONFIG is set)")
+    command = [sys.executable, "-m", "harness", "check", "--models", *args.models, "--batch-size",
+               str(args.batch_size), "--samples", str(args.samples), "--optimizer", args.optimizer, "--tol",
+               str(args.tol)]
+    for flag, values in (("--ratios", args.ratios), ("--methods", args.methods), ("--devices", args.devices)):
+        if values:
+            command += [flag, *map(str, values)]
+    command += ["--zoo"] if args.zoo else []
+    command += ["--json"] if args.json else []
+    return launch(command, args.workers, devices_per_worker=args.devices_per_worker).status
 
 
 def _across_workers(args) -> int:

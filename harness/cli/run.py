@@ -16,16 +16,18 @@ Examples:
                                                   # device 1 throttles at step 40; the split follows it
     harness run --workers 2 --emulate 2000,1000 --ratios 2 1 --batch 300
                                                   # across 2 local worker processes, one device each
-    harness run --workers 2 --emulate 2000,1000 --method keras   # stock Keras fit under MultiWorkerMirroredStrategy
+    harness run --workers 2 --emulate 2000,1000 --method keras   # stock tf_keras fit, MultiWorkerMirroredStrategy
     harness run --workers 2 --devices-per-worker 1 2 --emulate 1000,500,500 --ratios 2 1 1
 
 Across workers (--workers N), harness launches N local workers of one loopback cluster
 (harness launch); each runs this command in worker mode, joins the cluster with
 harness.use_cluster and trains the same global batches (--method mirrored, the default;
---method keras: Keras fit under a stock MultiWorkerMirroredStrategy, one replica per
-worker). --emulate, --ratios and --batches cover every device of the cluster, worker by
-worker. Each window prints every device, each worker's samples/s (its rows per step over
-its step time) and the total; the chief's figures are the run's record.
+--method keras: Keras 2's fit (tf_keras) under a stock MultiWorkerMirroredStrategy, one
+replica per worker, its even split and its own input handling; Keras 3.15's fit cannot run
+under that strategy, keras-team/keras#20585). --emulate, --ratios and --batches cover every
+device of the cluster, worker by worker. Each window prints every device, each worker's
+samples/s (its rows per step over its step time) and the total; the chief's figures are
+the run's record.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import math
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from harness.bench.runner import METHODS
@@ -62,8 +65,9 @@ def add_parser(subparsers) -> None:
                         "e.g. 1:400@40 (needs --emulate)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="train across N local worker processes of one loopback cluster (harness launch, "
-                        "harness.use_cluster; --method keras: a stock MultiWorkerMirroredStrategy); --emulate, "
-                        "--ratios and --batches then cover every device of the cluster, worker by worker")
+                        "harness.use_cluster; --method keras: tf_keras fit under a stock "
+                        "MultiWorkerMirroredStrategy); --emulate, --ratios and --batches then cover every device of "
+                        "the cluster, worker by worker")
     p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
                    help="with --workers: devices each worker trains on, one N for all or one per worker "
                         "(default 1; logical CPU devices, emulated or not; with GPUs each worker gets its own)")
@@ -172,6 +176,11 @@ def run(args) -> int:
         out.say("; ".join([f"rebalancing every {config.rebalance_every} steps"] * bool(config.rebalance_every)
                           + [f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle]))
     result = out.guard(lambda: execute(config, setup, out))
+    return _finish(args, out, result, setup)
+
+
+def _finish(args, out, result: dict, setup) -> int:
+    """Keeps the record, prints the summary (or the record as JSON) and the failure; the exit status."""
     out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
                error=result["error"])
     if args.json:
@@ -199,7 +208,7 @@ def cluster_plan(args):
 
     Raises:
         ValueError: naming the option: a bad worker or device count, options that do not run across workers
-            (--devices, --logical-cpus, --rebalance, --method single/towers), several devices per worker with
+            (--devices, --logical-cpus, --method single/towers), several devices per worker with
             --method keras, --emulate/--ratios/--batches that do not give one entry per device of the cluster.
     """
     from harness.bench.cluster_run import CLUSTER_METHODS, ClusterPlan, task_device
@@ -219,19 +228,24 @@ def cluster_plan(args):
     if args.devices or args.logical_cpus is not None:
         raise ValueError("with --workers each worker makes its own devices: give --devices-per-worker (and "
                          "--emulate), not --devices/--gpus or --logical-cpus")
-    if args.rebalance is not None:
-        raise ValueError("--rebalance does not run across workers yet (ratios='auto' is refused there): give "
-                         "--ratios or --batches")
     method = args.method or "mirrored"
+    if args.rebalance is not None and method == "keras":
+        raise ValueError("--rebalance re-splits harness' model; the stock baseline (--method keras) keeps Keras' "
+                         "even split")
     if method not in CLUSTER_METHODS:
         raise ValueError(f"--workers trains with --method mirrored (harness across workers, the default) or keras "
                          f"(the stock MultiWorkerMirroredStrategy); got --method {method}")
     if method == "keras" and max(counts) > 1:
         several = ", ".join(str(w) for w, c in enumerate(counts) if c > 1)
-        raise ValueError(f"--method keras --workers {args.workers} is Keras fit under a stock "
+        raise ValueError(f"--method keras --workers {args.workers} is Keras 2's fit (tf_keras) under a stock "
                          f"MultiWorkerMirroredStrategy, one replica per worker: worker {several} with several "
                          f"devices (--devices-per-worker {' '.join(map(str, args.devices_per_worker))}) cannot be "
                          "one. Give each worker one device, or use --method mirrored")
+    if method == "keras":
+        from harness.bench.cluster_run import stock_keras_name, stock_refusal_text
+
+        if stock_keras_name() is None:
+            raise ValueError(stock_refusal_text())
     total = sum(counts)
     options.check_common(args)
     gpus = 0 if args.emulate is not None else gpu_count()
@@ -256,10 +270,16 @@ def cluster_plan(args):
                                     f"{n.split('/', 3)[-1]} = {spec}" for n, spec in zip(names, specs)))
     config = RunConfig(args.model, options.default_size(args, setup), method, names, batches, seconds=args.seconds,
                        windows=args.windows, warmup_steps=args.warmup_steps, emulate=specs,
-                       input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle))
+                       input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle),
+                       rebalance_every=args.rebalance)
+    if method == "keras":  # which Keras, and how its fit feeds the global batch: in the record and the output
+        from harness.bench.cluster_run import stock_input_text, stock_note
+
+        config = replace(config, notes=(stock_note(), stock_input_text(batches)))
     plan = ClusterPlan(config.model, config.size, method, tuple(counts), batches, seconds=config.seconds,
                        windows=config.windows, warmup_steps=config.warmup_steps, emulate=specs,
-                       input_delay_ms=config.input_delay_ms, seed=config.seed, throttle=config.throttle, kind=kind)
+                       input_delay_ms=config.input_delay_ms, seed=config.seed, throttle=config.throttle, kind=kind,
+                       notes=config.notes, rebalance_every=config.rebalance_every)
     return plan, config, setup
 
 
@@ -272,13 +292,15 @@ def run_cluster(args) -> int:
     out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind,
                                "cluster": {"workers": plan.workers, "devices_per_worker": list(plan.counts)}},
                  environment=fingerprint(import_tf=False))
-    what = "Keras fit under a stock MultiWorkerMirroredStrategy (even split)" if plan.method == "keras" else \
-        "harness mirrored"
+    what = "Keras 2 (tf_keras) fit under a stock MultiWorkerMirroredStrategy (even split)" \
+        if plan.method == "keras" else "harness mirrored"
     out.say(f"{config.model} ({config.size}), {what} across {plan.workers} workers with {list(plan.counts)} "
             f"device(s), batch {config.batch} = {list(config.batches)}; {config.windows} windows of "
             f"~{config.seconds:g} s (the same steps on every worker)")
     if setup.note:
         out.say(setup.note)
+    for note in plan.notes:
+        out.say(note)
     if config.throttle:
         out.say("; ".join(f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle))
     windows: list[dict] = []
@@ -312,18 +334,7 @@ def run_cluster(args) -> int:
     if state["problem"] and result["status"] == "complete":
         result.update(status="failed", error=state["problem"])
     out.record.pop("partial", None)
-    out.finish(result=result, status="complete" if result["status"] == "complete" else "failed",
-               error=result["error"])
-    if args.json:
-        json.dump(out.record, sys.stdout, indent=2, default=str)
-        print()
-    elif result["status"] == "complete":
-        print(summary_text(result, setup))
-    _warn_host_bound(result)
-    if result["status"] != "complete":
-        print(f"harness run: {result['status']}: {result['error']}", file=sys.stderr)
-        return 1
-    return 0
+    return _finish(args, out, result, setup)
 
 
 def _warn_host_bound(result: dict) -> None:

@@ -122,17 +122,12 @@ def parallelize(
     if refused:
         raise adapter.unsupported_error(model, method, refused)
     if cluster is not None:
-        from harness.parallel.multiworker import multiworker_class
-
-        if auto:
-            raise NotImplementedError("across workers, ratios='auto' is not supported yet: give the ratios "
-                                      "(e.g. from `harness tune` on each worker's devices)")
-        return multiworker_class(adapter)(model, cluster, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
-    if method == "towers":
+        from harness.parallel.multiworker import multiworker_class as make
+    elif method == "towers":
         from harness.parallel.towers import towers_class as make
     else:
         from harness.parallel.mirrored import mirrored_class as make
-    parallel = make(adapter)(model, names, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
+    parallel = make(adapter)(model, cluster or names, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
     if auto:
         from harness.compat import keras_module_of
         from harness.parallel.rebalance import rebalance_class

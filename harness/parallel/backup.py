@@ -52,6 +52,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from harness.compat import callback_class
 from harness.parallel.collective import gather_worker_rows
 
 __all__ = ["BackupAndRestore", "backup_class", "CHECKPOINT_NAME"]
@@ -313,7 +314,4 @@ def backup_class(k) -> type:
         >>> import tf_keras
         >>> backup = backup_class(tf_keras)("/shared/run1/backup")
     """
-    if k is keras:
-        return BackupAndRestore
-    return type("BackupAndRestore", (_BackingUp, k.callbacks.Callback),
-                {"__doc__": BackupAndRestore.__doc__, "__module__": __name__})
+    return callback_class(BackupAndRestore, _BackingUp, k)

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from harness.parallel.slicing import restore_static_shape
 
-__all__ = ["gather_worker_rows", "strategy_for", "stock_strategy_for", "multiworker_strategy", "replica_device",
-           "sum_replicas", "whole_batch", "global_moments", "replica_all_reduce"]
+__all__ = ["gather_worker_rows", "sum_over_workers", "strategy_for", "stock_strategy_for", "multiworker_strategy",
+           "replica_device", "sum_replicas", "whole_batch", "global_moments", "replica_all_reduce"]
 
 AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 
@@ -89,19 +89,24 @@ def multiworker_strategy(timeout_s: float, gpu: bool = False) -> tf.distribute.M
     return _KeyedMultiWorkerStrategy(HARNESS_KEY_BASE + KEYS_PER_STRATEGY * MULTIWORKER_SLOT, resolver, options)
 
 
-def gather_worker_rows(strategy, index: int, workers: int, row: Sequence[float]) -> list[list[float]]:
-    """Every worker's ``row`` of whole numbers (worker 0's first), learnt in one all-reduce over the cluster
-    (eagerly, outside any step; each worker's replicas add its row once in all)."""
+def sum_over_workers(strategy, workers: int, values: Sequence[float]) -> list[float]:
+    """The sum of every worker's ``values`` (float64), in one all-reduce over the cluster (eagerly, between
+    steps; each worker's replicas add its values once in all)."""
     local = strategy.num_replicas_in_sync // workers
-    placed = [[0.0] * len(row) for _ in range(workers)]
-    placed[index] = [float(v) / local for v in row]
-    value = tf.constant(placed, tf.float64)
+    value = tf.constant([float(v) / local for v in values], tf.float64)
 
-    def gather():
+    def total():
         return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
 
-    total = strategy.experimental_local_results(tf.function(lambda: strategy.run(gather))())[0].numpy()
-    return [[float(round(x)) for x in r] for r in total]
+    return [float(v) for v in strategy.experimental_local_results(tf.function(lambda: strategy.run(total))())[0]]
+
+
+def gather_worker_rows(strategy, index: int, workers: int, row: Sequence[float]) -> list[list[float]]:
+    """Every worker's ``row`` of whole numbers (worker 0's first), learnt in one all-reduce over the cluster."""
+    placed = [0.0] * (workers * len(row))
+    placed[index * len(row):(index + 1) * len(row)] = [float(v) for v in row]
+    total = sum_over_workers(strategy, workers, placed)
+    return [[float(round(x)) for x in total[w * len(row):(w + 1) * len(row)]] for w in range(workers)]
 
 
 MULTIWORKER_SLOT = 1 << 9  # strategy_for's sets take slots 0, 1, 2, ...; the cluster's strategy this one

@@ -113,6 +113,11 @@ class ParallelCommon:
         self.predict_function = None
         return self.emulator
 
+    def gather_device_rows(self, rows: list[tuple[float, int, int]]) -> list[tuple[float, int, int]]:
+        """Every device's ``(busy seconds, samples, steps)`` (``Rebalance``): this process measures them all
+        here; across workers each measures its own and they are gathered (``multiworker``)."""
+        return rows
+
     def _begin_device(self, device: str, x):
         """``(x, token)``: the device's slice, gated on its emulated start (if emulated or timed)."""
         return (x, None) if self.emulator is None else self.emulator.begin(device, x)

@@ -19,7 +19,9 @@ loss and metrics. Collectives time out after ``use_cluster``'s ``timeout_s``: a 
 ends the step with an error instead of a hang. Emulated devices (``emulate=``) cover
 ``cluster.devices`` like the ratios; each worker emulates its own.
 
-Limits (for now): ``ratios="auto"`` is refused across workers.
+``ratios="auto"`` works across workers too: each worker times its own devices, and the
+rebalancer gathers every device's busy time in one all-reduce, so every worker decides the same
+split at the same step.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from harness.cluster import DEVICES_VARIABLE, Cluster, read_tf_config
 from harness.compat import is_keras2_model
 from harness.parallel import layerwise
 from harness.parallel.base import add_all
-from harness.parallel.collective import gather_worker_rows, multiworker_strategy
+from harness.parallel.collective import gather_worker_rows, multiworker_strategy, sum_over_workers
 from harness.parallel.mirrored import Mirrored, _replica
 from harness.parallel.sparse import merge_all, reduce_sparse_in_replica
 
@@ -179,6 +181,15 @@ class MultiWorker(Mirrored):
 
     def _make_strategy(self):
         return self._cluster.strategy
+
+    def gather_device_rows(self, rows):
+        """Every device's ``(busy seconds, samples, steps)``: each worker measured its own devices (zeros for the
+        others'); summed over the workers in one all-reduce (one non-zero term per entry: exact, the same on
+        every worker, so every worker's ``Rebalance`` decides the same split)."""
+        mine = self._cluster.worker_slice()
+        flat = [value for i, row in enumerate(rows) for value in (row if mine.start <= i < mine.stop else (0, 0, 0))]
+        total = sum_over_workers(self.strategy, self._cluster.workers, flat)
+        return [(total[3 * i], int(round(total[3 * i + 1])), int(round(total[3 * i + 2]))) for i in range(len(rows))]
 
     def save(self, filepath, *args, **kwargs):
         """The chief saves the plain single-device model (``ParallelCommon.save``); other workers write nothing

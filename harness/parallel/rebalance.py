@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
+from harness.compat import callback_class
 from harness.parallel.resplit import decide, describe
 from harness.split import split_batch
 
@@ -133,7 +134,7 @@ class _Rebalancing:
 
     def _measure(self, now: float) -> None:
         model = self.model
-        rows = [self._busy.get(d, (0.0, 0, 0)) for d in model.devices]
+        rows = model.gather_device_rows([self._busy.get(d, (0.0, 0, 0)) for d in model.devices])
         seconds = [row[0] for row in rows]
         samples = [row[1] for row in rows]
         steps = [row[2] for row in rows]
@@ -210,10 +211,7 @@ def rebalance_class(k) -> type:
         >>> import tf_keras
         >>> rebalance = rebalance_class(tf_keras)(every=20)
     """
-    if k is keras:
-        return Rebalance
-    return type("Rebalance", (_Rebalancing, k.callbacks.Callback),
-                {"__doc__": Rebalance.__doc__, "__module__": __name__})
+    return callback_class(Rebalance, _Rebalancing, k)
 
 
 def is_rebalance(callback) -> bool:

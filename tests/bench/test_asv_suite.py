@@ -36,6 +36,7 @@ SELECTION = [
     r"^tuner\.",
     r"^startup\.",
     r"^multiworker\..*\('mirrored', 'tuned'\)$",  # a 2-worker loopback cluster: two more TensorFlow processes
+    r"^multiworker\..*\('keras', 'even'\)$",  # its stock baseline: tf_keras fit under MultiWorkerMirroredStrategy
 ]
 
 
@@ -69,6 +70,12 @@ def test_asv_check_finds_no_problems(config, tmp_path):
     assert "No problems found" in out
 
 
+def _has_tf_keras() -> int:
+    from harness.bench.cluster_run import stock_keras_name
+
+    return int(stock_keras_name() is not None)
+
+
 def _saved_results(results_dir: Path) -> dict:
     """``{benchmark name: [value per parameter combination]}`` from the one result file asv saved.
 
@@ -97,7 +104,8 @@ def test_one_combination_of_every_benchmark_runs(config, tmp_path):
     assert failed == {name: 0 for name in results}, out[-6000:]
     measured = {name: sum(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
                 for name, values in results.items()}
-    # One selected combination each (two of Throughput: ours and the stock baseline); 'single' on two devices
+    # One selected combination each (two of Throughput and of MultiWorker: ours and the stock baseline, which needs
+    # tf_keras across workers); 'single' on two devices
     # and GPU memory without a GPU are skipped (NaN), as is anything host-bound: the smoke grid's slow emulated
     # devices must not be.
     assert measured == {"throughput.Throughput.track_samples_per_second": 2, "throughput.TrainStep.time_train_step": 1,
@@ -107,6 +115,6 @@ def test_one_combination_of_every_benchmark_runs(config, tmp_path):
                         "fidelity.Fidelity.track_max_weight_deviation": 1, "tuner.Tuner.track_efficiency": 1,
                         "tuner.Tuner.track_tuning_seconds": 1, "startup.timeraw_import_harness": 1,
                         "startup.timeraw_cli_help": 1,
-                        "multiworker.MultiWorker.track_samples_per_second": 1}, out[-6000:]
+                        "multiworker.MultiWorker.track_samples_per_second": 1 + _has_tf_keras()}, out[-6000:]
     assert "asv: skipped: NotImplementedError(\"method 'single' runs on one device" in out
     assert "harness benchmark skipped" not in out, out[-6000:]

@@ -5,7 +5,7 @@ the chief (worker 0) also trains it on one device and prints one JSON line: ``RE
 largest weight deviation and both runs' per-epoch losses.
 
 Usage: python multiworker_worker.py MODEL RATIOS SAMPLES BATCH [--sample-weight] [--epochs N] [--keras2]
-    [--activity] [--save DIR]
+    [--activity] [--save DIR] [--emulate SPEC]   (RATIOS: 3:1 or auto)
 (each worker's device count: ``harness launch --devices-per-worker``)
 """
 
@@ -28,6 +28,7 @@ def main() -> int:
     p.add_argument("--sample-weight", action="store_true")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--keras2", action="store_true", help="a Keras 2 (tf_keras) model")
+    p.add_argument("--emulate", default=None, help="emulated devices, one RATE per device of the cluster")
     p.add_argument("--activity", action="store_true", help="an activity regulariser (a call-time loss)")
     p.add_argument("--save", default=None, metavar="DIR",
                    help="every worker calls parallel.save(DIR/model.keras): the chief alone writes it")
@@ -59,10 +60,10 @@ def main() -> int:
     x = rng.rand(args.samples, 6).astype("float32")
     y = np.stack([x.sum(1), x[:, 0] - x[:, 1]], axis=1).astype("float32")
     weights = rng.rand(args.samples).astype("float32") + 0.5 if args.sample_weight else None
-    ratios = [float(r) for r in args.ratios.split(":")]
+    ratios = "auto" if args.ratios == "auto" else [float(r) for r in args.ratios.split(":")]
 
     template = build()
-    parallel = harness.parallelize(template, cluster, ratios=ratios)
+    parallel = harness.parallelize(template, cluster, ratios=ratios, emulate=args.emulate)
     parallel.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
     callbacks = []
     if args.die_at_step is not None and cluster.index == 1:
@@ -83,7 +84,7 @@ def main() -> int:
     predicted = parallel.predict(x, batch_size=args.batch, verbose=0)
     if not cluster.is_chief:
         print("RESULT " + json.dumps({"worker": cluster.index, "local_devices": list(cluster.local_devices),
-                                      "written": written,
+                                      "written": written, "ratios": list(parallel.ratios),
                                       "loss": history.history["loss"],
                                       "evaluate": float(evaluated)}), flush=True)
         return 0
@@ -94,7 +95,8 @@ def main() -> int:
     deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(template.get_weights(), single.get_weights()))
     print("RESULT " + json.dumps({
         "worker": cluster.index, "devices": list(cluster.devices), "local_devices": list(cluster.local_devices),
-        "written": written, "deviation": deviation,
+        "written": written, "deviation": deviation, "ratios": list(parallel.ratios),
+        "resplits": [e["step"] for e in parallel.rebalancer.history if e["resplit"]] if parallel.rebalancer else [],
         "loss": history.history["loss"], "single_loss": reference.history["loss"],
         "evaluate": float(evaluated), "single_evaluate": float(single.evaluate(x, y, batch_size=args.batch, verbose=0)),
         "predict_deviation": float(np.max(np.abs(predicted - single.predict(x, batch_size=args.batch, verbose=0)))),

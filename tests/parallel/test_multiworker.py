@@ -43,8 +43,9 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
     (3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"]),  # last batch 13
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
     (2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"]),
+    (2, None, ["dense", "auto", "600", "30", "--emulate", "2000,1000"]),  # the split tuned while it trains
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
-        "2w-2+1-keras2-dense-2:1:3"])
+        "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-2000,1000"])
 def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path):
     if "--keras2" in args:
         pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
@@ -63,6 +64,9 @@ def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tm
     assert chief["predict_deviation"] <= 1e-5
     for report in reports.values():  # every worker reports the whole batch's loss and metrics
         assert report["loss"] == chief["loss"] and report["evaluate"] == chief["evaluate"]
+    if "auto" in args:  # every worker re-split alike, towards the emulated rates 2000:1000
+        assert chief["resplits"] and reports[1]["ratios"] == chief["ratios"], reports
+        assert 1.5 < chief["ratios"][0] / chief["ratios"][1] < 2.7, chief["ratios"]
     if "--save" in args:  # every worker called save(): the chief alone wrote the plain model
         import keras
 
@@ -101,6 +105,22 @@ def test_harness_check_under_harness_launch_checks_across_workers():
     assert not any(line.startswith("[worker 1] model") for line in lines)  # only the chief prints the table
 
 
+def test_harness_check_workers_launches_its_own_workers(capsys):
+    import subprocess
+
+    from harness.cli import main
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": "-1"}
+    done = subprocess.run([sys.executable, "-m", "harness", "check", "--workers", "2", "--devices-per-worker", "2", "1",
+                           "--models", "dense"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "[worker 0] 2 workers, devices per worker [2, 1], ratios [3.0, 2.0, 1.0]: batch 20 -> [10, 7, 3], " \
+           "last batch 2" in done.stdout.splitlines()
+    assert "[worker 0] 1 of 1 checks within tol 1e-06 across 2 workers" in done.stdout.splitlines()
+    assert main(["check", "--devices-per-worker", "2"]) == 2
+    assert "--devices-per-worker needs --workers N" in capsys.readouterr().err
+
+
 def test_use_cluster_without_tf_config_says_how_to_start_workers():
     import subprocess
 
@@ -124,8 +144,8 @@ def test_what_is_not_exact_across_workers_yet_is_refused_by_name(logical_devices
     model = keras3.Sequential([keras3.Input((3,)), keras3.layers.Dense(4), keras3.layers.BatchNormalization()])
     with pytest.raises(ValueError, match="method must be 'mirrored'; got method='towers'"):
         harness.parallelize(model, one_each, ratios=[1, 2], method="towers")
-    with pytest.raises(NotImplementedError, match="ratios='auto' is not supported yet"):
-        harness.parallelize(model, one_each, ratios="auto")
+    with pytest.raises(ValueError, match=r"emulate needs one EmulatedDevice .* got 1 for 2 devices"):
+        harness.parallelize(model, one_each, ratios=[1, 2], emulate="1000")
     with pytest.raises(ValueError, match=r"ratios has 2 entries but there are 3 devices|3"):
         harness.parallelize(model, one_and_two, ratios=[1, 2])
 

@@ -29,7 +29,8 @@ from harness.cli import main
     (["--workers", "2", "--devices-per-worker", "1", "2", "--emulate", "1000,500"],
      "--emulate 1000,500 has 2 devices; the cluster has 3 (2 workers with [1, 2] devices)"),
     (["--workers", "2", "--devices-per-worker", "1", "2", "--method", "keras", "--emulate", "1000,500,500"],
-     "--method keras --workers 2 is Keras fit under a stock MultiWorkerMirroredStrategy, one replica per worker: "
+     "--method keras --workers 2 is Keras 2's fit (tf_keras) under a stock MultiWorkerMirroredStrategy, one replica "
+     "per worker: "
      "worker 1 with several devices (--devices-per-worker 1 2) cannot be one"),
     (["--workers", "2", "--emulate", "1000,500", "--method", "keras", "--ratios", "2", "1"],
      "method 'keras' splits the global batch evenly"),
@@ -38,7 +39,9 @@ from harness.cli import main
                                                                              "for 2 devices"),
     (["--workers", "2", "--emulate", "1000,500", "--batches", "10"], "--batches has 1 sizes [10] for 2 devices"),
     (["--workers", "2", "--logical-cpus", "2"], "not --devices/--gpus or --logical-cpus"),
-    (["--workers", "2", "--emulate", "1000,500", "--rebalance", "5"], "--rebalance does not run across workers"),
+    (["--workers", "2", "--emulate", "1000,500", "--rebalance", "5", "--method", "keras"],
+     "--rebalance re-splits harness' model; the stock baseline (--method keras) keeps Keras' even split"),
+    (["--workers", "2", "--emulate", "1000,500", "--rebalance", "0"], "--rebalance must be >= 1"),
     (["--workers", "2", "--emulate", "1000,500", "--throttle", "2:100@3"], "INDEX must name one of the 2 devices"),
 ])
 def test_bad_cluster_options_fail_before_any_worker_starts(argv, needle, capsys, monkeypatch):
@@ -133,3 +136,77 @@ def test_two_workers_run_end_to_end_with_per_worker_figures(tmp_path):
             assert device["source"] == "emulated" and device["busy_rate"] == pytest.approx(rate, rel=0.1)
     assert [w["status"] for w in result["workers"]] == ["complete", "complete"]
     assert not result["summary"]["host_bound"], result["summary"]["host_bound"]
+
+
+def test_rebalance_across_workers_re_splits_every_worker_alike(tmp_path):
+    # Starting even on devices emulated at 400 and 200 samples/s: the rebalancer gathers both workers' busy
+    # times and re-splits 2:1 on both, after which each step takes the same 150 ms on both devices.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("HARNESS_RUN_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--workers", "2", "--emulate", "400,200",
+                           "--batch", "90", "--rebalance", "5", "--seconds", "1.5", "--windows", "2", "--json",
+                           "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)["result"]
+    resplits = [e for w in result["windows"] for e in w.get("resplits", [])]
+    assert resplits and resplits[0]["previous_batches"] == [45, 45], result["windows"]
+    assert resplits[-1]["batches"] == [60, 30], resplits
+    assert [d["batch"] for d in result["windows"][-1]["devices"]] == [60, 30]
+
+
+def test_the_stock_baseline_across_workers_is_refused_with_the_reason_without_tf_keras(capsys, monkeypatch):
+    import harness.bench.cluster_run
+    import harness.launch
+
+    monkeypatch.setattr(harness.launch, "launch", lambda *a, **k: pytest.fail("a worker was launched"))
+    monkeypatch.setattr(harness.bench.cluster_run, "stock_keras_name", lambda: None)
+    assert main(["run", "--no-save", "--workers", "2", "--emulate", "1000,500", "--method", "keras"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("harness run: error: the stock baseline across workers (--method keras) is Keras 2's "
+                          "fit (tf_keras) under a stock MultiWorkerMirroredStrategy, and tf_keras is not installed "
+                          "here"), err
+    assert "does not run under a stock MultiWorkerMirroredStrategy" in err and "keras-team/keras#20585" in err, err
+
+
+def test_the_stock_baseline_runs_across_two_workers_in_tf_keras(tmp_path, keras2):
+    # tf_keras' fit under a stock MultiWorkerMirroredStrategy, one replica per worker, on emulated devices far below
+    # this host's speed: its even split of each global batch of 60 leaves the 200 samples/s device the slower (about
+    # 160 ms a step): a 2:1 pair of devices at 1:1.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("HARNESS_RUN_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--workers", "2", "--emulate", "400,200",
+                           "--batch", "60", "--method", "keras", "--seconds", "0.5", "--windows", "2", "--results-dir",
+                           str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    (note,) = [line for line in done.stdout.splitlines() if line.startswith("the stock baseline across workers is ")]
+    assert f"{keras2.__name__} {keras2.__version__} (Keras 2) fit" in note and "keras-team/keras#20585" in note, note
+    assert "(30 + 30); samples/s counts 60 samples per step" in done.stdout, done.stdout
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "complete"
+    run = record["config"]["run"]  # the chief's config: which Keras, how the input is fed
+    assert run["method"] == "keras" and run["batches"] == [30, 30] and run["notes"][0] == note
+    result = record["result"]
+    assert len(result["windows"]) == 2
+    for window in result["windows"]:
+        assert window["samples"] == 60 * window["steps"]  # global samples: one global batch a step
+        assert [w["batch"] for w in window["workers"]] == [30, 30]
+        for device in window["devices"]:
+            # each worker's replica received half of each global batch, measured where its emulated device ran it
+            assert device["rows_per_step"] == 30 and device["logged_steps"] == window["steps"], device
+            assert device["source"] == "emulated"
+        assert window["devices"][1]["busy_rate"] == pytest.approx(200, rel=0.1)
+        # the even split waits for the 200 samples/s device: 30 rows take it 150 ms, so at most 400 samples/s
+        assert window["samples_per_second"] == pytest.approx(60 / (30 / 200), rel=0.25)
+    assert [w["status"] for w in result["workers"]] == ["complete", "complete"]
+    assert not result["summary"]["host_bound"], result["summary"]["host_bound"]
+
+
+def test_a_cluster_plan_carries_every_option_of_a_run_config():
+    # The plan is what each worker rebuilds its RunConfig from: an option it lacked would be lost on the workers.
+    from dataclasses import fields
+
+    from harness.bench.runner import RunConfig
+
+    missing = {f.name for f in fields(RunConfig)} - {"devices", "label"} - {f.name for f in fields(ClusterPlan)}
+    assert not missing, f"ClusterPlan lacks RunConfig's {sorted(missing)}"

@@ -11,6 +11,12 @@ Importing this package, ``names()``, ``get()`` and the shape queries import
 neither TensorFlow nor Keras (the CLI builds its choices from ``names()``);
 ``build``, ``loss``, ``optimizer`` and ``accuracy`` import Keras when called.
 
+One definition builds in either Keras: ``build``, ``loss``, ``optimizer`` and
+``accuracy`` take the Keras module to use (``keras_module``: default ``keras``,
+Keras 3; ``tf_keras`` gives Keras 2 objects, as the stock baseline across workers
+needs), and a workload module's ``build(size, keras)``, ``loss(keras)`` and
+``optimizer(keras)`` receive it. Every workload builds in both.
+
 Example:
     >>> from harness.bench import workloads
     >>> w = workloads.get("wide_mlp")
@@ -91,13 +97,17 @@ class Workload:
         """Bytes of one ``(x, y)`` sample as ``make_data`` returns it (float32 inputs, 4-byte labels)."""
         return 4 * (math.prod(self.input_shape(size)) + math.prod(self.label_shape(size)))
 
-    def build(self, size: str = "tiny", seed: int = 0):
-        """A new, built, uncompiled ``keras.Model`` with deterministic initial weights.
+    def build(self, size: str = "tiny", seed: int = 0, keras_module=None):
+        """A new, built, uncompiled model with deterministic initial weights.
 
         Args:
             size: ``"full"`` or ``"tiny"``.
-            seed: the same seed gives the same initial weights (via ``keras.utils.set_random_seed``;
+            seed: the same seed gives the same initial weights (via the module's ``utils.set_random_seed``;
                 Python's and NumPy's global generators are restored afterwards, TensorFlow's stays seeded).
+                In Keras 3 and Keras 2 the same seed gives the same architecture; on Keras 3.15 and tf_keras
+                2.21 also the same initial weights, but for gru_stack's after its first GRU (the two Keras'
+                orthogonal initialisers draw seeds differently from there on).
+            keras_module: the Keras module to build with (default ``keras``); ``tf_keras`` builds a Keras 2 model.
 
         Raises:
             ValueError: for an unknown size or a seed that is not an int >= 0.
@@ -105,33 +115,31 @@ class Workload:
         check_size(size)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0; got seed={seed!r}")
-        import keras
-
+        k = _keras(keras_module)
         python_state, numpy_state = random.getstate(), np.random.get_state()
         try:
-            keras.utils.set_random_seed(int(seed))
-            return self._impl().build(size)
+            k.utils.set_random_seed(int(seed))
+            return self._impl().build(size, k)
         finally:
             random.setstate(python_state)
             np.random.set_state(numpy_state)
 
-    def loss(self):
-        """A new ``keras.losses.Loss`` on logits (``from_logits=True``)."""
-        return self._impl().loss()
+    def loss(self, keras_module=None):
+        """A new loss on logits (``from_logits=True``) of ``keras_module`` (default ``keras``)."""
+        return self._impl().loss(_keras(keras_module))
 
-    def optimizer(self):
-        """A new ``keras.optimizers.Optimizer``, the seed's where it names one."""
-        return self._impl().optimizer()
+    def optimizer(self, keras_module=None):
+        """A new optimizer of ``keras_module`` (default ``keras``), the seed's where it names one."""
+        return self._impl().optimizer(_keras(keras_module))
 
-    def accuracy(self):
-        """A new accuracy metric matching the labels, on logits (binary: threshold 0, not 0.5)."""
-        import keras
-
+    def accuracy(self, keras_module=None):
+        """A new accuracy metric of ``keras_module`` matching the labels, on logits (binary: threshold 0, not 0.5)."""
+        k = _keras(keras_module)
         if self.labels is Labels.ONE_HOT:
-            return keras.metrics.CategoricalAccuracy(name="accuracy")
+            return k.metrics.CategoricalAccuracy(name="accuracy")
         if self.labels is Labels.SPARSE:
-            return keras.metrics.SparseCategoricalAccuracy(name="accuracy")
-        return keras.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
+            return k.metrics.SparseCategoricalAccuracy(name="accuracy")
+        return k.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
 
     def make_data(self, size: str, samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` NumPy arrays with learnable structure; float32 inputs.
@@ -163,6 +171,15 @@ _WORKLOADS = {
                  "the step", "overhead:tagger1024"),
     )
 }
+
+
+def _keras(module):
+    """``module``, or Keras 3's ``keras`` for None."""
+    if module is None:
+        import keras
+
+        return keras
+    return module
 
 
 def names() -> tuple[str, ...]:

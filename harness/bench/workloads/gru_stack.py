@@ -30,10 +30,8 @@ _UNITS = {"full": (512, 512, 512, 512), "tiny": (16, 16, 16, 16)}
 _SUCCESSORS = 4
 
 
-def build(size: str):
+def build(size: str, keras):
     """A new, built, uncompiled model for ``size`` whose output is 128 logits."""
-    import keras
-
     units = _UNITS[size]
     inputs = keras.Input(INPUT_SHAPES[size])
     h = inputs
@@ -44,17 +42,13 @@ def build(size: str):
     return keras.Model(inputs, outputs, name=f"{NAME}_{size}")
 
 
-def loss():
+def loss(keras):
     """Categorical crossentropy on logits, as the seed (which used a softmax layer)."""
-    import keras
-
     return keras.losses.CategoricalCrossentropy(from_logits=True)
 
 
-def optimizer():
+def optimizer(keras):
     """Adam with Keras' defaults, as the seed."""
-    import keras
-
     return keras.optimizers.Adam()
 
 

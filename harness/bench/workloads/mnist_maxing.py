@@ -34,10 +34,8 @@ _BLOCK = 4  # 7x7 templates upsampled to 28x28
 _NOISE = 0.3
 
 
-def build(size: str):
+def build(size: str, keras):
     """A new, built, uncompiled model for ``size`` whose output is 10 logits."""
-    import keras
-
     first, second, dense = _LAYERS[size]
     inputs = keras.Input(INPUT_SHAPES[size])
     h = inputs
@@ -55,17 +53,13 @@ def build(size: str):
     return keras.Model(inputs, outputs, name=f"{NAME}_{size}")
 
 
-def loss():
+def loss(keras):
     """Categorical crossentropy on logits, as the seed (which used a softmax layer)."""
-    import keras
-
     return keras.losses.CategoricalCrossentropy(from_logits=True)
 
 
-def optimizer():
+def optimizer(keras):
     """Adam with Keras' defaults, as the seed."""
-    import keras
-
     return keras.optimizers.Adam()
 
 

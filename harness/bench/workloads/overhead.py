@@ -40,24 +40,18 @@ class Variant:
     def OUTPUT_SHAPES(self) -> dict:  # noqa: N802
         return {size: (*shape[:-1], self.classes) for size, shape in self.INPUT_SHAPES.items()}
 
-    def build(self, size: str):
+    def build(self, size: str, keras):
         """A new, built, uncompiled model whose outputs are logits (per timestep for a sequence input)."""
-        import keras
-
         inputs = keras.Input(self.INPUT_SHAPES[size])
         h = inputs
         for units in self.hidden:
             h = keras.layers.Dense(units, activation="relu")(h)
         return keras.Model(inputs, keras.layers.Dense(self.classes)(h), name=f"{self.name}_{size}")
 
-    def loss(self):
-        import keras
-
+    def loss(self, keras):
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def optimizer(self):
-        import keras
-
+    def optimizer(self, keras):
         return keras.optimizers.Adam(learning_rate=1e-3)
 
     def make_data(self, size: str, samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

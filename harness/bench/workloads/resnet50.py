@@ -33,10 +33,8 @@ _BLOCK = {"full": 32, "tiny": 4}  # template resolution: 7x7 and 8x8, upsampled
 _NOISE = 0.5
 
 
-def build(size: str):
+def build(size: str, keras):
     """A new, built, uncompiled model for ``size`` whose output is class logits."""
-    import keras
-
     if size == "full":
         # classifier_activation=None: logits, the loss applies the softmax.
         return keras.applications.ResNet50(
@@ -45,7 +43,7 @@ def build(size: str):
             classes=OUTPUT_SHAPES["full"][0],
             classifier_activation=None,
         )
-    return _tiny_resnet()
+    return _tiny_resnet(keras)
 
 
 def _conv_bn(keras, h, filters: int, kernel: int, stride: int = 1, relu: bool = True):
@@ -68,9 +66,7 @@ def _bottleneck(keras, h, filters: int, stride: int, project: bool):
     return keras.layers.Activation("relu")(keras.layers.Add()([shortcut, h]))
 
 
-def _tiny_resnet():
-    import keras
-
+def _tiny_resnet(keras):
     inputs = keras.Input(INPUT_SHAPES["tiny"])
     # Stem: ResNet50's 7x7/2 conv + 3x3/2 pool (a quarter of the resolution), with a 3x3 conv.
     h = _conv_bn(keras, inputs, _TINY_STEM, 3, stride=2)
@@ -83,17 +79,13 @@ def _tiny_resnet():
     return keras.Model(inputs, outputs, name=f"{NAME}_tiny")
 
 
-def loss():
+def loss(keras):
     """Sparse categorical crossentropy on logits."""
-    import keras
-
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def optimizer():
+def optimizer(keras):
     """SGD with momentum 0.9 at learning rate 0.1 (batch 256): the ResNet paper's recipe."""
-    import keras
-
     return keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
 
 

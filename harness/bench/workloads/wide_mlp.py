@@ -26,10 +26,8 @@ OUTPUT_SHAPES = {"full": (1,), "tiny": (1,)}
 _HIDDEN = {"full": (4000, 2000, 500, 300), "tiny": (128, 64, 16, 8)}
 
 
-def build(size: str):
+def build(size: str, keras):
     """A new, built, uncompiled model for ``size`` whose output is one logit."""
-    import keras
-
     first, *rest = _HIDDEN[size]
     inputs = keras.Input(INPUT_SHAPES[size])
     h = keras.layers.Dense(first, activation="tanh")(inputs)
@@ -40,17 +38,13 @@ def build(size: str):
     return keras.Model(inputs, outputs, name=f"{NAME}_{size}")
 
 
-def loss():
+def loss(keras):
     """Binary crossentropy on a logit, as the seed (which used a sigmoid layer)."""
-    import keras
-
     return keras.losses.BinaryCrossentropy(from_logits=True)
 
 
-def optimizer():
+def optimizer(keras):
     """Adam at learning rate 1e-4, as the seed."""
-    import keras
-
     return keras.optimizers.Adam(learning_rate=1e-4)
 
 
