@@ -11,10 +11,17 @@ With no arguments on a machine without GPUs it replays seed 000's story (docs/ba
 emulated devices (a GTX 1080 Ti at 1345 samples/s and a GTX 1080 at 875): even
 split vs ratio split at the seed's global batch of 1388.
 
+``--workers N [--devices-per-worker ...]`` compares across N local workers of one loopback
+cluster (each row one ``harness run --workers``): the stock baseline (Keras 2's ``fit`` under a
+stock MultiWorkerMirroredStrategy, even split, where every worker has one device), harness
+even, harness at ``--ratios`` (default: the emulated devices' rates) and harness starting even
+and re-splitting while it trains (``--rebalance``; ``--no-tune`` leaves it out).
+
 Examples:
     harness compare                                   # seed 000, emulated
     harness compare --gpus 0 1 --batch 1388          # your GPUs
     harness compare --model gru_stack --emulate 1000,500,250 --batch 700
+    harness compare --workers 2 --emulate 2000,1000 --batch 300
 """
 
 from __future__ import annotations
@@ -45,6 +52,12 @@ def add_parser(subparsers) -> None:
                    help="leave out the stock Keras rows (plain Keras on the first device, Keras fit under a stock "
                         "MirroredStrategy on the even split)")
     p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="compare across N local worker processes of one loopback cluster (see above)")
+    p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
+                   help="with --workers: devices each worker trains on, one N for all or one per worker")
+    p.add_argument("--rebalance", type=int, default=10, metavar="EVERY",
+                   help="with --workers: steps per measurement of the re-splitting row (default 10)")
     p.set_defaults(run=run)
 
 
@@ -68,6 +81,8 @@ def _short(device: str) -> str:
 
 
 def run(args) -> int:
+    if args.workers is not None or args.devices_per_worker is not None:
+        return _compare_cluster(args)
     from harness.bench.runner import RunConfig
     from harness.split import split_batch, validate_ratios
 
@@ -132,6 +147,11 @@ def run(args) -> int:
                 measure(f"{name} {method}", config, total)
 
     out.guard(work)
+    return _report(args, out, rows, setup)
+
+
+def _report(args, out, rows: list[dict], setup) -> int:
+    """The comparison table, harness over stock, the chart; the record finished."""
     out.record["versus_stock"] = versus_stock(rows)
     out.finish(status="complete")
     table = comparison_table(rows)
@@ -197,6 +217,56 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     split = solve_split([fit.model for _, fit in probes], ceilings, batch)
     out.record["tuning"]["split"] = split.to_json()
     return split.batches
+
+
+def _compare_cluster(args) -> int:
+    """``--workers N``: each row one run across the cluster (``harness.cli.run.cluster_plan``)."""
+    from harness.bench.cluster_run import stock_keras_name
+    from harness.cli.run import cluster_plan, execute_cluster
+
+    if args.rebalance < 1:
+        raise ValueError(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
+    if args.methods != list(PARALLEL_METHODS) and args.methods != ["mirrored"]:
+        raise ValueError(f"across workers harness trains with method mirrored; got --methods {' '.join(args.methods)}")
+
+    def plan(label: str, **changes):
+        row = argparse.Namespace(**{**vars(args), "method": "mirrored", "batches": None, "throttle": None,
+                                     "rebalance": None, "ratios": None, **changes})
+        return (label, *cluster_plan(row))
+
+    even = plan("even mirrored")
+    _, base, config, setup = even
+    ratios = args.ratios or ([e.rate for e in setup.emulate] if setup.emulate is not None else None)
+    plans = [even]
+    if not args.no_stock and max(base.counts) == 1 and stock_keras_name() is not None:
+        plans.insert(0, plan("even keras", method="keras"))
+    if ratios is not None:
+        plans.append(plan("ratio mirrored", ratios=ratios))
+    if not args.no_tune:
+        plans.append(plan("auto mirrored", rebalance=args.rebalance))
+    out = Output(args, "compare", {"model": config.model, "size": config.size, "devices": list(setup.devices),
+                                   "batch": config.batch, "device_kind": setup.kind,
+                                   "cluster": {"workers": base.workers, "devices_per_worker": list(base.counts)},
+                                   "emulate": None if setup.emulate is None else [e.to_json() for e in setup.emulate]})
+    out.say(f"{config.model} ({config.size}) across {base.workers} workers with {list(base.counts)} device(s), "
+            f"global batch {config.batch}; {config.windows} windows of ~{config.seconds:g} s per configuration")
+    if setup.note:
+        out.say(setup.note)
+    out.record["ratio_source"] = "even (no --ratios, no emulated rates)" if ratios is None else (
+        f"--ratios {' '.join(f'{r:g}' for r in args.ratios)}" if args.ratios else
+        "the emulated rates " + ":".join(f"{r:g}" for r in ratios))
+    rows = out.record.setdefault("rows", [])
+
+    def work():
+        for label, row_plan, row_config, _ in plans:
+            what = "stock tf_keras fit" if row_plan.method == "keras" else "harness mirrored"
+            extra = f", re-splitting every {row_config.rebalance_every} steps" if row_config.rebalance_every else ""
+            out.say(f"\n[{len(rows) + 1}/{len(plans)}] {label}: {what}, batches {list(row_config.batches)}{extra}")
+            rows.append({"label": label, **execute_cluster(row_plan, row_config, out, prefix="  ", compact=True)})
+            out.save()
+
+    out.guard(work)
+    return _report(args, out, rows, setup)
 
 
 def _execute(config, setup, out):

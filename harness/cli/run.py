@@ -285,7 +285,6 @@ def cluster_plan(args):
 
 def run_cluster(args) -> int:
     """``harness run --workers N``: launches the workers, prints each merged window, keeps the record."""
-    from harness.bench.cluster_run import cluster_result, launch_run, merge_window
     from harness.bench.environment import fingerprint
 
     plan, config, setup = cluster_plan(args)
@@ -303,6 +302,15 @@ def run_cluster(args) -> int:
         out.say(note)
     if config.throttle:
         out.say("; ".join(f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle))
+    result = execute_cluster(plan, config, out)
+    return _finish(args, out, result, setup)
+
+
+def execute_cluster(plan, config, out, prefix: str = "", compact: bool = False) -> dict:
+    """Runs ``plan`` across its workers (``harness.bench.cluster_run``), printing each merged window and
+    rewriting the record after each; returns the run's result (``cluster_result``)."""
+    from harness.bench.cluster_run import cluster_result, launch_run, merge_window
+
     windows: list[dict] = []
     pending: dict[int, dict[int, dict]] = {}
     state: dict = {"config": None, "problem": None}
@@ -313,7 +321,8 @@ def run_cluster(args) -> int:
             if event["event"] == "start" and worker == 0:
                 state["config"] = event.get("config")
                 out.record["environment"] = event.get("environment") or out.record["environment"]
-                out.record["config"]["run"] = event.get("config") or out.record["config"]["run"]
+                if "run" in out.record["config"]:  # harness run's record (compare keeps its rows' configs)
+                    out.record["config"]["run"] = event.get("config") or out.record["config"]["run"]
             elif event["event"] == "window":
                 index = event["window"]["index"]
                 pending.setdefault(index, {})[worker] = event["window"]
@@ -322,7 +331,7 @@ def run_cluster(args) -> int:
                     merged = merge_window([arrived[w] for w in range(plan.workers)])
                     windows.append(merged)
                     partial.append(merged)
-                    out.say(window_text(merged, config.windows))
+                    out.say(window_text(merged, config.windows, prefix, compact))
                     out.save()
         except Exception as err:  # noqa: BLE001 - a reader thread must go on reading
             state["problem"] = f"{type(err).__name__}: {err}"
@@ -334,7 +343,7 @@ def run_cluster(args) -> int:
     if state["problem"] and result["status"] == "complete":
         result.update(status="failed", error=state["problem"])
     out.record.pop("partial", None)
-    return _finish(args, out, result, setup)
+    return result
 
 
 def _warn_host_bound(result: dict) -> None:

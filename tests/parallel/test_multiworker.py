@@ -43,10 +43,10 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
     (3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"]),  # last batch 13
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
     (2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"]),
-    (2, None, ["dense", "auto", "600", "30", "--emulate", "2000,1000"]),  # the split tuned while it trains
+    (2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"]),  # the split tuned while it trains
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
-        "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-2000,1000"])
-def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path):
+        "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200"])
+def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path, logical_devices):
     if "--keras2" in args:
         pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
     args = [a.format(tmp=tmp_path) for a in args]
@@ -64,7 +64,7 @@ def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tm
     assert chief["predict_deviation"] <= 1e-5
     for report in reports.values():  # every worker reports the whole batch's loss and metrics
         assert report["loss"] == chief["loss"] and report["evaluate"] == chief["evaluate"]
-    if "auto" in args:  # every worker re-split alike, towards the emulated rates 2000:1000
+    if "auto" in args:  # every worker re-split alike, towards the emulated rates 400:200 (slow: a busy host keeps up)
         assert chief["resplits"] and reports[1]["ratios"] == chief["ratios"], reports
         assert 1.5 < chief["ratios"][0] / chief["ratios"][1] < 2.7, chief["ratios"]
     if "--save" in args:  # every worker called save(): the chief alone wrote the plain model
@@ -84,7 +84,7 @@ def test_a_worker_killed_mid_training_ends_the_others_with_an_error_naming_it():
     assert reports == {}
     assert "[worker 0] RuntimeError: worker 0 lost worker 1 (127.0.0.1:" in output, output[-4000:]
     assert "harness launch: worker 1 was killed by SIGKILL (status 137) first" in output
-    assert seconds < 120
+    assert seconds < 60  # the bound; 8.7 s measured idle
 
 
 def test_harness_check_under_harness_launch_checks_across_workers():

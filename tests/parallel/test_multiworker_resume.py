@@ -93,7 +93,7 @@ def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_we
 
 
 @pytest.mark.parametrize("flavour", ["keras3", "keras2"])
-def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, flavour):
+def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, flavour, logical_devices):
     run = runs(flavour)
     for name, directory, model in (("a", "a", "a.keras"), ("resumed", "b", "b.keras")):
         reports = run[name][1]
@@ -143,7 +143,7 @@ def test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each(
     assert "(worker 0: epoch 1 (crc32 " in output and "), worker 1: no checkpoint)" in output
 
 
-def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_path):
+def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_path, logical_devices):
     import keras
 
     from harness.parallel.backup import BackupAndRestore
@@ -171,7 +171,7 @@ def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_
         backup.on_train_begin()
 
 
-def test_a_plain_keras_model_in_one_process_resumes_exactly_too(tmp_path):
+def test_a_plain_keras_model_in_one_process_resumes_exactly_too(tmp_path, logical_devices):
     import keras
 
     from harness.parallel.backup import BackupAndRestore

@@ -210,3 +210,24 @@ def test_a_cluster_plan_carries_every_option_of_a_run_config():
 
     missing = {f.name for f in fields(RunConfig)} - {"devices", "label"} - {f.name for f in fields(ClusterPlan)}
     assert not missing, f"ClusterPlan lacks RunConfig's {sorted(missing)}"
+
+
+def test_compare_across_workers_puts_the_stock_baseline_beside_harness_splits(tmp_path, keras2):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("HARNESS_RUN_WORKER", None)
+    done = subprocess.run([sys.executable, "-m", "harness", "compare", "--workers", "2", "--emulate", "400,200",
+                           "--batch", "90", "--seconds", "0.6", "--windows", "1", "--no-tune", "--json",
+                           "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = json.loads(done.stdout)
+    rows = {row["label"]: row for row in record["rows"]}
+    assert list(rows) == ["even keras", "even mirrored", "ratio mirrored"]
+    assert record["ratio_source"] == "the emulated rates 400:200"
+    assert [row["status"] for row in rows.values()] == ["complete"] * 3
+    assert rows["ratio mirrored"]["config"]["batches"] == [60, 30]
+    sps = {label: row["summary"]["samples_per_second"]["median"] for label, row in rows.items()}
+    # Even, the slow device paces both (2 x 200 = 400 samples/s); 2:1 lets both run at their rate (600).
+    assert sps["even keras"] == pytest.approx(400, rel=0.15) and sps["even mirrored"] == pytest.approx(400, rel=0.15)
+    assert sps["ratio mirrored"] > 1.3 * sps["even keras"]
+    assert [(e["row"], e["baseline"]) for e in record["versus_stock"]] == [("even mirrored", "even keras")]
+    assert main(["compare", "--devices-per-worker", "2"]) == 2
