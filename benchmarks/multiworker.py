@@ -54,23 +54,17 @@ class MultiWorker:
         import io
         import sys
 
-        from harness.bench.cluster_run import cluster_result, launch_run, merge_window
+        from harness.bench.cluster_run import cluster_result, launch_run
         from harness.bench.runner import host_bound
 
         plan = self.plan
-        pending: dict[int, dict[int, dict]] = {}
         windows: list[dict] = []
-
-        def on_event(worker, event):
-            if event["event"] == "window":
-                arrived = pending.setdefault(event["window"]["index"], {})
-                arrived[worker] = event["window"]
-                if len(arrived) == plan.workers:
-                    windows.append(merge_window([arrived[w] for w in range(plan.workers)]))
-
         log = io.StringIO()
-        launched, ends = launch_run(plan, on_event=on_event, relay=log, timeout_s=self.timeout - 20, grace_s=2.0)
+        launched, ends, problems = launch_run(plan, on_window=windows.append, relay=log,
+                                              timeout_s=self.timeout - 20, grace_s=2.0)
         result = cluster_result(plan, windows, ends, launched.status, launched.first_failure, launched.reason)
+        if problems and result["status"] == "complete":
+            result.update(status="failed", error=problems[0])
         what = f"{plan.method} across {plan.workers} workers with batches {list(plan.batches)}"
         if result["status"] != "complete":
             sys.stderr.write(log.getvalue()[-4000:])

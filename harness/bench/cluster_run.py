@@ -449,13 +449,17 @@ def cluster_result(plan: ClusterPlan, windows: Sequence[dict], ends: Mapping[int
 
 
 def launch_run(plan: ClusterPlan, *, on_event: Callable[[int, dict], None] | None = None,
-               relay: TextIO | None = None, command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+               on_window: Callable[[dict], None] | None = None, relay: TextIO | None = None,
+               command: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                timeout_s: float | None = None, grace_s: float = 5.0):
-    """Runs ``plan`` on ``plan.workers`` local workers; returns ``(LaunchResult, ends)``.
+    """Runs ``plan`` on ``plan.workers`` local workers; returns ``(LaunchResult, ends, problems)``.
 
     Args:
         on_event: called with ``(worker, event)`` for each worker event (``start``, ``window``, ``end``) as it
             arrives, from the launch's reader threads.
+        on_window: called with each window of the cluster once every worker's has arrived (``merge_window``).
+            An error in it or in the callbacks (the workers disagreeing on a window) is kept in ``problems``
+            (one line each) instead of ending the reader thread, which would leave a worker blocked on its output.
         relay: where the workers' other output lines go (default ``sys.stderr``).
         command: each worker's command (default ``python -m harness run``, which reads the plan from
             ``WORKER_VARIABLE``).
@@ -465,14 +469,26 @@ def launch_run(plan: ClusterPlan, *, on_event: Callable[[int, dict], None] | Non
     from harness.launch import launch
 
     ends: dict[int, dict] = {}
+    pending: dict[int, dict[int, dict]] = {}  # window index -> worker -> its record of the window
+    problems: list[str] = []
     lock = threading.Lock()
 
     def event(worker: int, data: dict) -> None:
         with lock:
-            if data["event"] == "end":
-                ends[worker] = data
-            if on_event is not None:
-                on_event(worker, data)
+            try:
+                if data["event"] == "end":
+                    ends[worker] = data
+                if on_event is not None:
+                    on_event(worker, data)
+                if on_window is not None and data["event"] == "window":
+                    arrived = pending.setdefault(data["window"]["index"], {})
+                    arrived[worker] = data["window"]
+                    if len(arrived) == plan.workers:
+                        del pending[data["window"]["index"]]
+                        on_window(merge_window([arrived[w] for w in range(plan.workers)]))
+            except Exception as err:  # noqa: BLE001 - a reader thread must go on reading
+                problems.append(f"{type(err).__name__}: {err}")
+                (relay or sys.stderr).write(f"harness run: {problems[-1]}\n")
 
     base = dict(os.environ if env is None else env)
     base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -485,4 +501,4 @@ def launch_run(plan: ClusterPlan, *, on_event: Callable[[int, dict], None] | Non
                     devices_per_worker=list(plan.counts), out=cast(TextIO, Collector(event, relay)),
                     err=relay or sys.stderr,
                     timeout_s=timeout_s, grace_s=grace_s)
-    return result, ends
+    return result, ends, problems

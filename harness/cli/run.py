@@ -309,39 +309,30 @@ def run_cluster(args) -> int:
 def execute_cluster(plan, config, out, prefix: str = "", compact: bool = False) -> dict:
     """Runs ``plan`` across its workers (``harness.bench.cluster_run``), printing each merged window and
     rewriting the record after each; returns the run's result (``cluster_result``)."""
-    from harness.bench.cluster_run import cluster_result, launch_run, merge_window
+    from harness.bench.cluster_run import cluster_result, launch_run
 
     windows: list[dict] = []
-    pending: dict[int, dict[int, dict]] = {}
-    state: dict = {"config": None, "problem": None}
+    chief: dict = {}  # the chief's start event: its config and environment
     partial = out.record.setdefault("partial", [])
 
     def on_event(worker: int, event: dict) -> None:
-        try:
-            if event["event"] == "start" and worker == 0:
-                state["config"] = event.get("config")
-                out.record["environment"] = event.get("environment") or out.record["environment"]
-                if "run" in out.record["config"]:  # harness run's record (compare keeps its rows' configs)
-                    out.record["config"]["run"] = event.get("config") or out.record["config"]["run"]
-            elif event["event"] == "window":
-                index = event["window"]["index"]
-                pending.setdefault(index, {})[worker] = event["window"]
-                if len(pending[index]) == plan.workers:
-                    arrived = pending.pop(index)
-                    merged = merge_window([arrived[w] for w in range(plan.workers)])
-                    windows.append(merged)
-                    partial.append(merged)
-                    out.say(window_text(merged, config.windows, prefix, compact))
-                    out.save()
-        except Exception as err:  # noqa: BLE001 - a reader thread must go on reading
-            state["problem"] = f"{type(err).__name__}: {err}"
-            print(f"harness run: {state['problem']}", file=sys.stderr)
+        if event["event"] == "start" and worker == 0:
+            chief.update(event)
+            out.record["environment"] = event.get("environment") or out.record["environment"]
+            if "run" in out.record["config"]:  # harness run's record (compare keeps its rows' configs)
+                out.record["config"]["run"] = event.get("config") or out.record["config"]["run"]
 
-    launched, ends = launch_run(plan, on_event=on_event)
+    def on_window(merged: dict) -> None:
+        windows.append(merged)
+        partial.append(merged)
+        out.say(window_text(merged, config.windows, prefix, compact))
+        out.save()
+
+    launched, ends, problems = launch_run(plan, on_event=on_event, on_window=on_window)
     result = cluster_result(plan, windows, ends, launched.status, launched.first_failure, launched.reason,
-                            config=state["config"] or config.to_json())
-    if state["problem"] and result["status"] == "complete":
-        result.update(status="failed", error=state["problem"])
+                            config=chief.get("config") or config.to_json())
+    if problems and result["status"] == "complete":
+        result.update(status="failed", error=problems[0])
     out.record.pop("partial", None)
     return result
 

@@ -174,3 +174,21 @@ def test_what_is_not_exact_across_workers_yet_is_refused_by_name(logical_devices
     subclassed2(np.zeros((2, 3), "float32"))
     with pytest.raises(ValueError, match=r"Keras 2 model needs a Functional or Sequential model.*Use a Keras 3"):
         harness.parallelize(subclassed2, one_each, ratios=[1, 2])
+
+
+def test_a_bad_device_count_for_a_worker_is_named(monkeypatch):
+    from harness.parallel.multiworker import _device_count
+
+    monkeypatch.setenv("HARNESS_WORKER_DEVICES", "two")
+    with pytest.raises(ValueError, match="HARNESS_WORKER_DEVICES must be an int >= 1; got "
+                                         "HARNESS_WORKER_DEVICES='two'"):
+        _device_count(None)
+    monkeypatch.setenv("HARNESS_WORKER_DEVICES", "0")
+    with pytest.raises(ValueError, match="HARNESS_WORKER_DEVICES must be an int >= 1"):
+        _device_count(None)
+    with pytest.raises(ValueError, match="devices must be an int >= 1 .this worker's device count.; got devices=True"):
+        _device_count(True)
+    monkeypatch.setenv("HARNESS_WORKER_DEVICES", "3")
+    assert (_device_count(None), _device_count(2)) == (3, 2)
+    monkeypatch.delenv("HARNESS_WORKER_DEVICES")
+    assert _device_count(None) is None  # every GPU, or one CPU
