@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEVICES_VARIABLE", "tf_config", "free_ports", "parse_address", "dumps", "from_kubernetes", "from_slurm",
-           "slurm_hostnames", "Cluster", "read_tf_config"]
+__all__ = ["DEVICES_VARIABLE", "worker_slice", "tf_config", "free_ports", "parse_address", "dumps",
+           "from_kubernetes", "from_slurm", "slurm_hostnames", "Cluster", "read_tf_config"]
 
 DEVICES_VARIABLE = "HARNESS_WORKER_DEVICES"  # a worker's device count: set by harness launch, read by use_cluster
 
@@ -258,9 +258,13 @@ class Cluster:
 
     def worker_slice(self, worker: int | None = None) -> slice:
         """Where worker ``worker``'s devices (default: this worker's) sit in ``devices`` (and in the ratios)."""
-        worker = self.index if worker is None else worker
-        start = sum(self.counts[:worker])
-        return slice(start, start + self.counts[worker])
+        return worker_slice(self.counts, self.index if worker is None else worker)
+
+
+def worker_slice(counts: Sequence[int], worker: int) -> slice:
+    """Where worker ``worker``'s devices sit in a list of every worker's, worker 0's first (``counts`` each)."""
+    start = sum(counts[:worker])
+    return slice(start, start + counts[worker])
 
 
 def read_tf_config(environ: Mapping[str, str] | None = None) -> dict:

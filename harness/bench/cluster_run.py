@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO, cast
 
+from harness.cluster import worker_slice
 from harness.emulate import EmulatedDevice
 
 __all__ = ["WORKER_VARIABLE", "MARK", "ClusterPlan", "task_device", "run_worker", "Collector", "merge_window",
@@ -108,9 +109,8 @@ class ClusterPlan:
         return sum(self.batches)
 
     def worker_slice(self, worker: int) -> slice:
-        """Where worker ``worker``'s devices sit in ``batches`` and ``emulate`` (as ``Cluster.worker_slice``)."""
-        start = sum(self.counts[:worker])
-        return slice(start, start + self.counts[worker])
+        """Where worker ``worker``'s devices sit in ``batches`` and ``emulate`` (``harness.cluster.worker_slice``)."""
+        return worker_slice(self.counts, worker)
 
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first bad field."""
@@ -240,16 +240,12 @@ def _emit(event: str, **fields) -> None:
 
 def _exchange(strategy, index: int, workers: int) -> Callable[[float], list[float]]:
     """``exchange(value) -> every worker's value``: one all-reduce over the cluster (every worker at the same step)."""
-    import tensorflow as tf
+    from harness.parallel.collective import sum_over_workers
 
     def exchange(value: float) -> list[float]:
-        mine = tf.one_hot(index, workers, on_value=float(value), off_value=0.0, dtype=tf.float64)
-
-        def replica():  # the value captured, as harness.use_cluster exchanges the device counts
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, mine)
-
-        total = strategy.experimental_local_results(tf.function(lambda: strategy.run(replica))())[0]
-        return [float(v) for v in total.numpy()]
+        placed = [0.0] * workers
+        placed[index] = float(value)
+        return sum_over_workers(strategy, workers, placed)
 
     return exchange
 
