@@ -5,28 +5,43 @@ asv's own verdicts have traps (docs/design.md, "asv 0.6.6"): ``asv compare`` alw
 as worse for every benchmark - a drop in samples/s would count as an
 improvement. The gate reads the saved results itself and applies one rule:
 
-- a benchmark is **worse** when head is worse than base by more than ``factor``
-  (head/base > factor, or base/head for higher-is-better benchmarks) *and* the
+- a benchmark is **worse** when head is worse than base by more than its
+  threshold (head/base, or base/head for higher-is-better benchmarks) *and* the
   two are statistically different (asv's test: Mann-Whitney U on the recorded
   samples, else its confidence-interval check);
+- the threshold is the larger of ``factor`` and ``1 + k * noise``, the noise
+  measured per benchmark: from main's history where given, else from the
+  gate's own interleaved rounds (base, head, base, head: each commit measured
+  twice in one job, an A/A pair per side). ``threshold - 1`` is the smallest
+  change the gate can detect for that benchmark;
+- a benchmark with a single value on a side (``asv run --quick``, one round) is
+  **unjudged**: one sample has no spread to compare against;
 - a benchmark that ran on base and fails on head is an **error**.
 
 Exit status: 0 clean, 1 some benchmark worse, 2 some benchmark errored (errors
-win). ``markdown`` renders a summary fit for a pull-request comment.
+win), 3 nothing could be judged. ``markdown`` renders a summary fit for a
+pull-request comment.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-from dataclasses import dataclass
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from pathlib import Path
 
-__all__ = ["Verdict", "Row", "higher_is_better", "judge", "exit_status", "markdown", "load_rows"]
+from harness.ci.asvresults import Key, Measurement, is_skipped
+from harness.ci.noise import relative_noise
 
-_HIGHER = re.compile(r"(samples_per_second|efficiency|throughput)$")
+__all__ = ["Verdict", "Row", "Rounds", "Noise", "higher_is_better", "judge", "judge_rounds", "is_borderline",
+           "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K"]
+
+# ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
+# ``track_steps_to_accuracy`` (a count until reached) downwards.
+_HIGHER = re.compile(r"(samples_per_second|efficiency|throughput|ratio_to_stock|(?<!_to)_accuracy)$")
+NOISE_K = 3.0  # threshold = max(factor, 1 + NOISE_K * noise): ~3 sigma of round-to-round noise
 
 
 class Verdict(str, Enum):
@@ -36,6 +51,15 @@ class Verdict(str, Enum):
     ERROR = "error"  # ran on base, failed on head
     FIXED = "fixed"  # failed on base, runs on head
     SKIPPED = "skipped"  # not run on one side (skipped combination, new or removed benchmark)
+    UNJUDGED = "unjudged"  # a single value on a side: no spread to judge against
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A benchmark's relative noise (0.05: about 5% run to run) and where it was measured."""
+
+    value: float
+    source: str  # "history (n=23)", "A/A (2+2 rounds)"
 
 
 @dataclass(frozen=True)
@@ -49,20 +73,55 @@ class Row:
     head: float | None
     verdict: Verdict
     ratio: float | None  # how much worse head is: > 1 worse, whatever the direction
+    threshold: float | None = None  # the ratio beyond which head counts as worse
+    noise: Noise | None = None
+    rounds: tuple[int, int] = (1, 1)  # values per side
+    note: str = ""
+
+    @property
+    def detectable(self) -> float | None:
+        """The smallest relative change this benchmark's verdict could detect (0.1: 10%)."""
+        return None if self.threshold is None else self.threshold - 1
 
     def to_json(self) -> dict:
         return {"name": self.name, "params": self.params, "unit": self.unit, "base": self.base, "head": self.head,
-                "verdict": self.verdict.value, "ratio": self.ratio}
+                "verdict": self.verdict.value, "ratio": self.ratio, "threshold": self.threshold,
+                "detectable": self.detectable, "noise": None if self.noise is None else self.noise.value,
+                "noise_source": None if self.noise is None else self.noise.source, "rounds": list(self.rounds),
+                "note": self.note}
+
+
+@dataclass
+class Rounds:
+    """The measurements of every round, per benchmark combination and side (``"base"``, ``"head"``)."""
+
+    base: dict[Key, list[Measurement]] = field(default_factory=dict)
+    head: dict[Key, list[Measurement]] = field(default_factory=dict)
+
+    def add(self, side: str, measured: Mapping[Key, Measurement], only: set[Key] | None = None) -> None:
+        if side not in ("base", "head"):
+            raise ValueError(f"side must be 'base' or 'head'; got {side!r}")
+        target = getattr(self, side)
+        for key, measurement in measured.items():
+            if only is None or key in only:
+                target.setdefault(key, []).append(measurement)
+
+    def keys(self) -> list[Key]:
+        return sorted(set(self.base) | set(self.head))
+
+    def to_json(self) -> dict:
+        return {side: {f"{name} ({params})" if params else name: [m.value for m in ms]
+                       for (name, params), ms in sorted(getattr(self, side).items())} for side in ("base", "head")}
 
 
 def higher_is_better(name: str, unit: str) -> bool:
-    """Throughput-like benchmarks (``samples/s``, ``track_*efficiency``) improve upwards."""
+    """Throughput-like benchmarks (``samples/s``, ``track_*efficiency``, ``track_*_accuracy``) improve upwards."""
     return unit.strip().endswith("/s") or bool(_HIGHER.search(name.split(".")[-1]))
 
 
 def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, factor: float = 1.1,
           different=None) -> tuple[Verdict, float | None]:
-    """The verdict for one benchmark and how much worse head is (``> 1``: worse).
+    """The verdict for one value per side and how much worse head is (``> 1``: worse), with ``factor`` alone.
 
     Args:
         base, head: the values (None: failed; NaN: skipped).
@@ -70,38 +129,140 @@ def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, fa
         factor: the tolerated ratio, > 1.
         different: ``(samples_a, samples_b, stats_a, stats_b) -> bool``; defaults to asv's test.
     """
-    if factor <= 1:
+    _check_factor(factor)
+    status = _status(base, head)
+    if status is not None:
+        return status, None
+    return _compare(higher_is_better(name, unit), base, head, factor,
+                    lambda: _significant(base_stats, head_stats, different))
+
+
+def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = 1.1, k: float = NOISE_K,
+                 noise: Noise | None = None, different=None) -> Row:
+    """The verdict on several rounds per side: medians compared against a noise-calibrated threshold.
+
+    Args:
+        base, head: one measurement per round of the same benchmark combination (a round's value is asv's
+            for that run: the median of its samples for ``time_`` benchmarks).
+        factor: the smallest tolerated ratio, > 1.
+        k: the threshold is ``max(factor, 1 + k * noise)``.
+        noise: the benchmark's noise from elsewhere (main's history); None measures it from the rounds
+            (each side's values relative to their median: the spread of an A/A pair).
+        different: as in :func:`judge`; it gets the samples of all rounds pooled.
+    """
+    _check_factor(factor)
+    if not k >= 0:
+        raise ValueError(f"k must be >= 0; got k={k!r}")
+    first = (base or head)[0]
+    counts = (len(base), len(head))
+    row = Row(first.name, first.params, first.unit, None, None, Verdict.SAME, None, rounds=counts)
+    base_value, head_value = _side_value(base), _side_value(head)
+    row = replace(row, base=base_value, head=head_value)
+    status = _status(base_value, head_value)
+    if status is not None or base_value is None or head_value is None:
+        return replace(row, verdict=status or Verdict.SAME)
+    if min(counts) < 2:
+        return replace(row, verdict=Verdict.UNJUDGED,
+                        note=f"{min(counts)} value on a side (asv --quick or one round): no spread to judge against")
+    if noise is None:  # each side relative to its own median: the two sides' A/A spreads pooled
+        spread = relative_noise([v / base_value for v in _values(base)] + [v / head_value for v in _values(head)]
+                                if base_value and head_value else [])
+        noise = Noise(spread or 0.0, f"A/A ({counts[0]}+{counts[1]} rounds)")
+    limit = threshold(factor, noise.value, k)
+    verdict, ratio = _compare(higher_is_better(first.name, first.unit), base_value, head_value, limit,
+                              lambda: _significant(_pooled(base), _pooled(head), different))
+    return replace(row, verdict=verdict, ratio=ratio, threshold=limit, noise=noise)
+
+
+def is_borderline(row: Row) -> bool:
+    """A worse verdict less than twice its detectable change: worth one more round before failing."""
+    return (row.verdict is Verdict.WORSE and row.ratio is not None and row.threshold is not None
+            and row.ratio < 1 + 2 * (row.threshold - 1))
+
+
+def after_rerun(before: Row, base: Measurement, head: Measurement) -> Row:
+    """A worse verdict checked by one more round (``base``, ``head``): it stands only if that round alone is worse
+    beyond the same threshold, else the benchmark counts as the same. The note says which."""
+    if before.verdict is not Verdict.WORSE or before.threshold is None:
+        return before
+    counts = (before.rounds[0] + 1, before.rounds[1] + 1)
+    status = _status(base.value, head.value)
+    if status is Verdict.ERROR:
+        return replace(before, verdict=status, rounds=counts, note="failed in a rerun")
+    ratio = None
+    if status is None and base.value is not None and head.value is not None:
+        ratio = worse_ratio(base.value, head.value, higher_is_better(before.name, before.unit))
+    if ratio is not None and ratio > before.threshold:
+        return replace(before, rounds=counts, note=f"confirmed by a rerun ({ratio:.2f}x)")
+    again = "n/a" if ratio is None else f"{ratio:.2f}x"
+    return replace(before, verdict=Verdict.SAME, rounds=counts,
+                   note=f"{before.ratio:.2f}x at first, {again} in a rerun: not confirmed")
+
+
+def _check_factor(factor: float) -> None:
+    if not factor > 1:
         raise ValueError(f"factor must be > 1; got factor={factor!r}")
-    if _skipped(base) or _skipped(head):
-        return Verdict.SKIPPED, None
+
+
+def _side_value(measurements: Sequence[Measurement]) -> float | None:
+    """The median of a side's rounds; None when any round failed; NaN when skipped (or absent)."""
+    if not measurements or any(is_skipped(m.value) for m in measurements):
+        return math.nan
+    if any(m.value is None for m in measurements):
+        return None
+    return statistics.median(_values(measurements))
+
+
+def _values(measurements: Sequence[Measurement]) -> list[float]:
+    return [m.value for m in measurements if m.value is not None]
+
+
+def _pooled(measurements: Sequence[Measurement]):
+    """``(stats of the first round, samples of all rounds)`` for asv's test, or None without samples."""
+    if any(m.samples is None for m in measurements):
+        return None
+    return measurements[0].stats, [s for m in measurements for s in m.samples]  # type: ignore[union-attr]
+
+
+def _status(base, head) -> Verdict | None:
+    """The verdict where a side failed or was skipped; None when both have values."""
+    if is_skipped(base) or is_skipped(head):
+        return Verdict.SKIPPED
     if base is None:
-        return (Verdict.SAME, None) if head is None else (Verdict.FIXED, None)
-    if head is None:
-        return Verdict.ERROR, None
-    up = higher_is_better(name, unit)
-    worse_ratio = _ratio(base, head) if up else _ratio(head, base)
-    if worse_ratio is None:
-        return Verdict.SAME, None
-    if worse_ratio <= factor and 1 / worse_ratio <= factor:
-        return Verdict.SAME, worse_ratio
-    if not _significant(base_stats, head_stats, different):
-        return Verdict.SAME, worse_ratio
-    return (Verdict.WORSE if worse_ratio > factor else Verdict.BETTER), worse_ratio
+        return Verdict.SAME if head is None else Verdict.FIXED
+    return Verdict.ERROR if head is None else None
 
 
-def _skipped(value) -> bool:
-    return isinstance(value, float) and math.isnan(value)
+def _compare(up: bool, base: float, head: float, limit: float, significant) -> tuple[Verdict, float | None]:
+    ratio = worse_ratio(base, head, up)
+    if 1 / limit <= ratio <= limit:
+        return Verdict.SAME, ratio
+    if not significant():
+        return Verdict.SAME, ratio
+    return (Verdict.WORSE if ratio > limit else Verdict.BETTER), ratio
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
+def worse_ratio(base: float, head: float, higher_is_better: bool) -> float:
+    """How much worse ``head`` is than ``base``, whatever the direction: > 1 worse, 1.0 for 0 and 0, inf past 0.
+
+    Example:
+        >>> worse_ratio(2000.0, 1500.0, higher_is_better=True)
+        1.3333333333333333
+    """
+    numerator, denominator = (base, head) if higher_is_better else (head, base)
     if denominator == 0:
-        return None if numerator == 0 else math.inf
+        return 1.0 if numerator == 0 else math.inf
     return numerator / denominator
+
+
+def threshold(factor: float, noise: float | None, k: float = NOISE_K) -> float:
+    """The ratio beyond which a change counts: ``max(factor, 1 + k * noise)`` (``factor`` without a noise)."""
+    return factor if noise is None else max(factor, 1 + k * noise)
 
 
 def _significant(base_stats, head_stats, different) -> bool:
     if not base_stats or not head_stats or not base_stats[0] or not head_stats[0]:
-        return True  # no statistics (e.g. a single run): the factor alone decides, as asv does
+        return True  # no statistics (e.g. a track benchmark): the threshold alone decides, as asv does
     if base_stats[0].get("repeat", 0) == 1 or head_stats[0].get("repeat", 0) == 1:
         return True
     if different is None:
@@ -111,11 +272,22 @@ def _significant(base_stats, head_stats, different) -> bool:
     return bool(different(base_stats[1], head_stats[1], base_stats[0], head_stats[0]))
 
 
+def judge_all(rounds: Rounds, factor: float = 1.1, k: float = NOISE_K,
+              noise: Mapping[Key, Noise] | None = None, different=None) -> list[Row]:
+    """:func:`judge_rounds` for every benchmark combination measured on either side."""
+    noise = noise or {}
+    return [judge_rounds(rounds.base.get(key, []), rounds.head.get(key, []), factor, k, noise.get(key), different)
+            for key in rounds.keys()]
+
+
 def exit_status(rows: list[Row]) -> int:
-    """2 if a benchmark errored on head, else 1 if one got worse, else 0."""
+    """2 if a benchmark errored on head, else 1 if one got worse, else 3 if none was judged, else 0."""
     if any(r.verdict is Verdict.ERROR for r in rows):
         return 2
-    return 1 if any(r.verdict is Verdict.WORSE for r in rows) else 0
+    if any(r.verdict is Verdict.WORSE for r in rows):
+        return 1
+    unjudged = [r for r in rows if r.verdict is Verdict.UNJUDGED]
+    return 3 if unjudged and len(unjudged) == len(rows) else 0
 
 
 def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
@@ -123,77 +295,32 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
     status = exit_status(rows)
     counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
     head_line = {0: ":white_check_mark: No benchmark got worse", 1: ":x: Performance regression",
-                 2: ":boom: Benchmark errors"}[status]
+                 2: ":boom: Benchmark errors", 3: ":grey_question: Nothing judged"}[status]
     lines = [f"### {head_line}: `{head[:12]}` vs `{base[:12]}` (factor {factor:g})", "",
              ", ".join(f"{counts[v]} {v.value}" for v in Verdict if counts[v]) or "no benchmarks compared", ""]
-    order = [Verdict.ERROR, Verdict.WORSE, Verdict.BETTER, Verdict.FIXED, Verdict.SAME, Verdict.SKIPPED]
-    lines += ["| | benchmark | before | after | worse by | unit |", "|---|---|---|---|---|---|"]
-    marks = {Verdict.ERROR: "!", Verdict.WORSE: "+", Verdict.BETTER: "-", Verdict.FIXED: "*"}
+    order = [Verdict.ERROR, Verdict.WORSE, Verdict.BETTER, Verdict.FIXED, Verdict.UNJUDGED, Verdict.SAME,
+             Verdict.SKIPPED]
+    lines += ["| | benchmark | before | after | worse by | noise | detects | unit | note |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    marks = {Verdict.ERROR: "!", Verdict.WORSE: "+", Verdict.BETTER: "-", Verdict.FIXED: "*", Verdict.UNJUDGED: "?"}
     for row in sorted(rows, key=lambda r: (order.index(r.verdict), r.name, r.params)):
         name = row.name + (f" ({row.params})" if row.params else "")
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
+        noise = "" if row.noise is None else f"{100 * row.noise.value:.1f}% {row.noise.source}"
+        detects = "" if row.detectable is None else f"{100 * row.detectable:.0f}%"
         lines.append(f"| {marks.get(row.verdict, '')} | `{name}` | {_value(row.base)} | {_value(row.head)} | "
-                     f"{ratio} | {row.unit} |")
-    lines += ["", "`+` worse beyond the factor and statistically different, `-` better, `!` failed on head, "
-              "`*` fixed; samples/s and efficiency count higher as better."]
+                     f"{ratio} | {noise} | {detects} | {row.unit} | {row.note} |")
+    lines += ["", "`+` worse beyond its threshold and statistically different, `-` better, `!` failed on head, "
+              "`*` fixed, `?` unjudged (a single value: no spread); samples/s, efficiency and final accuracy "
+              "count higher as better. *noise*: the benchmark's relative spread (main's history, else the "
+              "interleaved A/A rounds); *detects*: the smallest change its threshold, "
+              f"max({factor:g}, 1 + {NOISE_K:g} x noise), lets through."]
     return "\n".join(lines)
 
 
 def _value(value) -> str:
     if value is None:
         return "failed"
-    if _skipped(value):
+    if is_skipped(value):
         return "n/a"
     return f"{value:.4g}"
-
-
-def load_rows(config_path: Path | str, machine: str, base_hash: str, head_hash: str, factor: float) -> list[Row]:
-    """Reads both commits' saved asv results (any environment) and judges every benchmark.
-
-    Raises:
-        ValueError: no results for a commit on ``machine``.
-    """
-    from asv.benchmarks import Benchmarks
-    from asv.config import Config
-    from asv.results import iter_results_for_machine_and_hash
-
-    conf = Config.load(str(config_path))
-    root = Path(config_path).resolve().parent
-    for attr in ("results_dir", "benchmark_dir"):  # relative to the config file, as asv's commands read them
-        setattr(conf, attr, str(root / getattr(conf, attr)))
-    benchmarks = Benchmarks.load(conf)
-    sides = []
-    for commit in (base_hash, head_hash):
-        found = list(iter_results_for_machine_and_hash(conf.results_dir, machine, commit))
-        if not found:
-            raise ValueError(f"no asv results for commit {commit[:12]} on machine {machine!r} in {conf.results_dir}")
-        sides.append(found)
-    rows = []
-    for name, bench in sorted(benchmarks.items()):
-        combos = list(itertools.product(*bench["params"])) if bench["params"] else [()]
-        base = _values(sides[0], name, bench, benchmarks)
-        head = _values(sides[1], name, bench, benchmarks)
-        if base is None and head is None:
-            continue
-        for i, combo in enumerate(combos):
-            b = base[i] if base else (math.nan, None)
-            h = head[i] if head else (math.nan, None)
-            verdict, ratio = judge(name, bench.get("unit", ""), b[0], h[0], b[1], h[1], factor)
-            rows.append(Row(name, ", ".join(str(p) for p in combo), bench.get("unit", ""), b[0], h[0], verdict,
-                            ratio))
-    return rows
-
-
-def _values(results, name, bench, benchmarks):
-    """``[(value, (stats, samples))]`` per parameter combination from the first result that has ``name``."""
-    for result in results:
-        if name not in result.get_result_keys(benchmarks):
-            continue
-        params = bench["params"]
-        values = result.get_result_value(name, params)
-        stats = result.get_result_stats(name, params)
-        samples = result.get_result_samples(name, params)
-        if not isinstance(values, list):  # asv returns lists, also for a benchmark without parameters
-            values, stats, samples = [values], [stats], [samples]
-        return [(v, (s, smp)) for v, s, smp in zip(values, stats, samples)]
-    return None

@@ -11,7 +11,21 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from harness.cli import bench, calibrate, check, compare, docker, env, launch, matrix, run, tfconfig, tune
+    from harness.cli import (
+        bench,
+        bisect,
+        calibrate,
+        check,
+        compare,
+        docker,
+        env,
+        launch,
+        matrix,
+        regressions,
+        run,
+        tfconfig,
+        tune,
+    )
 
     parser = argparse.ArgumentParser(
         prog="harness",
@@ -21,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, docker, matrix):
+    for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, regressions, bisect, docker,
+                   matrix):
         module.add_parser(sub)
     return parser
 

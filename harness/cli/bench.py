@@ -1,42 +1,49 @@
-"""``harness bench-compare BASE HEAD``: the asv regression gate, with an exit status you can trust.
+"""``harness bench-compare BASE HEAD``: the asv regression gate, calibrated to each benchmark's noise.
 
-Runs the asv suite on two commits and judges head against base
-(``harness.ci.benchgate``): exit 1 when a benchmark is worse by more than
-``--factor`` and statistically different (samples/s counted higher-is-better),
-2 when a benchmark errors on head, else 0. Prints a Markdown summary for a
-pull-request comment (``--markdown FILE`` also writes it).
+Runs the asv suite on both commits in interleaved rounds (base, head, base,
+head, ...: drift on a shared runner hits both sides alike) and judges head
+against base (``harness.ci.benchgate``). Per benchmark, head is worse when its
+median is worse by more than the larger of ``--factor`` and ``1 + k x noise``
+and the samples differ statistically (samples/s counted higher-is-better). The
+noise is the benchmark's spread over main's history (``--history``, the
+nightly's results) where that has enough commits, else the spread between the
+rounds of each commit (an A/A pair per side). A result worse by less than twice
+its threshold is measured once more (one more round of both) before it fails.
+Each verdict is printed with its noise and the smallest change it could detect.
+A benchmark with one value per side (one round, asv ``--quick``) is not judged.
+
+Exit status: 0 clean, 1 a benchmark worse, 2 a benchmark errors on head,
+3 nothing could be judged. Prints a Markdown summary for a pull-request
+comment (``--markdown FILE`` also writes it; ``--json`` prints every round).
 
 Two modes:
-  virtualenv  ``asv continuous`` builds both commits in asv's own environments.
-  existing    inside a prebuilt image (asv cannot run ``continuous`` there): each
-              commit is checked out in a git worktree, installed into this
-              Python (``--install-command``), and run with
-              ``asv run --python=same --set-commit-hash``; the benchmarks are
-              this checkout's, for both commits.
+  virtualenv  asv builds each commit in its own environment (``asv run COMMIT^!``).
+  existing    inside a prebuilt image (asv cannot build there): each commit is
+              checked out in a git worktree, installed into this Python
+              (``--install-command``), and run with ``asv run --python=same
+              --set-commit-hash``; the benchmarks are this checkout's, for both commits.
 ``auto`` (default) picks existing inside a container, else virtualenv.
 
 Examples:
     harness bench-compare main HEAD
     harness bench-compare origin/main HEAD --mode existing --bench throughput --markdown summary.md
+    harness bench-compare HEAD HEAD --rounds 3            # an A/A run: how noisy is this runner?
+    harness bench-compare main HEAD --history asv-history --history-machine github-ubuntu-latest
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
-import socket
-import subprocess
+import re
 import sys
-import tempfile
 from pathlib import Path
 
-from harness.extras import require
+from harness.cli.asvopts import add_asv_options, asv_project
 
 __all__ = ["add_parser", "run"]
 
-_INSTALL = "{python} -m pip install --quiet --no-deps --force-reinstall --no-build-isolation {path}"
+_MIN_HISTORY = 5  # commits of main's history a benchmark needs before its noise is taken from there
 
 
 def add_parser(subparsers) -> None:
@@ -44,91 +51,84 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="base commit (branch, tag or hash)")
     p.add_argument("head", help="head commit")
-    p.add_argument("--factor", type=float, default=1.1, help="tolerated slow-down ratio (default 1.1)")
-    p.add_argument("--mode", choices=["auto", "virtualenv", "existing"], default="auto")
+    p.add_argument("--factor", type=float, default=1.1, help="smallest tolerated slow-down ratio (default 1.1)")
+    p.add_argument("--noise-k", type=float, default=None, metavar="K",
+                   help="threshold = max(factor, 1 + K x noise) (default 3)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved runs of each commit (default 2: ABAB)")
+    p.add_argument("--no-rerun", action="store_true", help="fail a borderline result without measuring it again")
+    p.add_argument("--history", metavar="DIR", help="asv results of main's history (noise per benchmark from there)")
+    p.add_argument("--history-machine", metavar="NAME", help="the machine of --history (default: --machine)")
     p.add_argument("--bench", action="append", metavar="REGEX", help="only benchmarks matching (repeatable)")
-    p.add_argument("--config", default="asv.conf.json", help="asv config file (default asv.conf.json)")
-    p.add_argument("--machine", default=None, help="asv machine name (default: this host's name)")
-    p.add_argument("--install-command", default=_INSTALL, metavar="CMD",
-                   help="existing mode: how a commit is installed, with {python} and {path} (default: pip, "
-                        "no dependencies)")
+    add_asv_options(p)
     p.add_argument("--markdown", metavar="FILE", help="also write the Markdown summary here")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of Markdown")
+    p.add_argument("--json", action="store_true", help="print the rows and every round as JSON instead of Markdown")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from harness.ci import benchgate
+    from harness.ci import asvresults, benchgate, gitrepo
 
     if not args.factor > 1:
         raise ValueError(f"--factor must be > 1; got {args.factor:g}")
-    config = Path(args.config).resolve()
-    if not config.is_file():
-        raise ValueError(f"no asv config at {config}; run from the repository root or pass --config")
-    require("asv", package="asv", extra="bench", purpose="harness bench-compare")
-    root = config.parent
-    base, head = _rev_parse(root, args.base), _rev_parse(root, args.head)
-    machine = args.machine or socket.gethostname()
-    mode = args.mode if args.mode != "auto" else ("existing" if _in_container() else "virtualenv")
-    _asv(root, ["machine", "--yes", "--machine", machine], config)
-    bench = [flag for regex in args.bench or [] for flag in ("--bench", regex)]
-    common = ["--machine", machine, "--record-samples", "--show-stderr", *bench]
-    if mode == "virtualenv":
-        _asv(root, ["continuous", "--factor", str(args.factor), *common, base, head], config, check=False)
-    else:
-        for commit in (base, head):
-            _run_existing(root, config, commit, common, args.install_command)
+    if args.rounds < 2:
+        raise ValueError(f"--rounds must be at least 2; got {args.rounds} (one run per commit is one value per "
+                         "benchmark: no spread to judge a change against)")
+    k = benchgate.NOISE_K if args.noise_k is None else args.noise_k
+    if not k >= 0:
+        raise ValueError(f"--noise-k must be >= 0; got {k:g}")
+    project = asv_project(args, "bench-compare")
+    config, machine = project.config, project.machine
+    noise = _history_noise(args.history, args.history_machine or machine) if args.history else {}
+    base, head = gitrepo.rev_parse(project.root, args.base), gitrepo.rev_parse(project.root, args.head)
+    project.register_machine()
+    rounds = benchgate.Rounds()
+
+    def measure(bench, only=None):
+        for side, commit in (("base", base), ("head", head)):
+            project.run_commit(commit, bench)
+            rounds.add(side, asvresults.read_commit(config, machine, commit), only)
+
     try:
-        rows = benchgate.load_rows(config, machine, base, head, args.factor)
+        for number in range(args.rounds):
+            print(f"harness bench-compare: round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
+            measure(args.bench or [])
+        rows = benchgate.judge_all(rounds, args.factor, k, noise)
+        borderline = [row for row in rows if benchgate.is_borderline(row)]
+        if borderline and not args.no_rerun:
+            names = sorted({row.name for row in borderline})
+            print(f"harness bench-compare: borderline, measuring once more: {', '.join(names)}", file=sys.stderr)
+            keys = {(m.name, m.params) for ms in rounds.base.values() for m in ms if m.name in names}
+            measure([f"^{re.escape(name)}$" for name in names], keys)
+            rows = [benchgate.after_rerun(row, rounds.base[(row.name, row.params)][-1],
+                                          rounds.head[(row.name, row.params)][-1]) if row in borderline else row
+                    for row in rows]
     except ValueError as err:
         print(f"harness bench-compare: {err}", file=sys.stderr)
         return 2
+    status = benchgate.exit_status(rows)
     text = benchgate.markdown(rows, base, head, args.factor)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
-        json.dump({"base": base, "head": head, "factor": args.factor, "mode": mode,
-                   "status": benchgate.exit_status(rows), "rows": [r.to_json() for r in rows]}, sys.stdout, indent=2)
+        json.dump({"base": base, "head": head, "factor": args.factor, "noise_k": k, "mode": project.mode,
+                   "rounds": args.rounds, "status": status, "rows": [r.to_json() for r in rows],
+                   "values": rounds.to_json()}, sys.stdout, indent=2)
         print()
     else:
         print(text)
-    return benchgate.exit_status(rows)
+    return status
 
 
-def _rev_parse(root: Path, name: str) -> str:
-    done = subprocess.run(["git", "rev-parse", "--verify", f"{name}^{{commit}}"], cwd=root, capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        raise ValueError(f"not a commit in {root}: {name!r} ({done.stderr.strip()})")
-    return done.stdout.strip()
+def _history_noise(results: str, machine: str) -> dict:
+    """Each benchmark combination's noise over main's history, where it has at least ``_MIN_HISTORY`` commits."""
+    from harness.ci.benchgate import Noise
+    from harness.ci.history import load_history
 
-
-def _in_container() -> bool:
-    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists() or "HARNESS_IN_IMAGE" in os.environ
-
-
-def _asv(root: Path, argv: list[str], config: Path, check: bool = True) -> int:
-    cmd = [sys.executable, "-m", "asv", "--config", str(config), *argv]
-    print("$ " + shlex.join(["asv", *argv]), file=sys.stderr, flush=True)
-    code = subprocess.run(cmd, cwd=root, stdout=sys.stderr).returncode
-    if check and code != 0:
-        raise RuntimeError(f"asv {argv[0]} failed with exit status {code}")
-    return code
-
-
-def _run_existing(root: Path, config: Path, commit: str, common: list[str], install: str) -> None:
-    """Installs ``commit`` into this Python from a worktree and runs the suite against it."""
-    with tempfile.TemporaryDirectory(prefix="harness-gate-") as tmp:
-        tree = Path(tmp) / commit[:12]
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=root, check=True,
-                       capture_output=True)
-        try:
-            command = install.format(python=shlex.quote(sys.executable), path=shlex.quote(str(tree)))
-            print(f"$ {command}", file=sys.stderr, flush=True)
-            done = subprocess.run(command, shell=True, cwd=root, stdout=sys.stderr)
-            if done.returncode != 0:
-                raise RuntimeError(f"installing {commit[:12]} failed (exit {done.returncode}): {command}")
-            # A failing benchmark makes asv exit 2; the gate reads that from the saved results.
-            _asv(root, ["run", "--python=same", "--set-commit-hash", commit, *common], config, check=False)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, capture_output=True)
+    history = load_history(results, machine=machine)
+    noise = {}
+    for key, series in history.series.items():
+        values = [v for v in series.values if v is not None]
+        spread = series.noise()
+        if len(values) >= _MIN_HISTORY and spread is not None:
+            noise[key] = Noise(spread, f"history (n={len(values)})")
+    return noise

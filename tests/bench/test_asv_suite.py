@@ -37,6 +37,7 @@ SELECTION = [
     r"^startup\.",
     r"^multiworker\..*\('mirrored', 'tuned'\)$",  # a 2-worker loopback cluster: two more TensorFlow processes
     r"^multiworker\..*\('keras', 'even'\)$",  # its stock baseline: tf_keras fit under MultiWorkerMirroredStrategy
+    r"^convergence\..*\('mnist_maxing', 'mirrored', 'ratio', 3\)$",  # time to accuracy (smoke: never reached)
 ]
 
 
@@ -115,6 +116,9 @@ def test_one_combination_of_every_benchmark_runs(config, tmp_path):
                         "fidelity.Fidelity.track_max_weight_deviation": 1, "tuner.Tuner.track_efficiency": 1,
                         "tuner.Tuner.track_tuning_seconds": 1, "startup.timeraw_import_harness": 1,
                         "startup.timeraw_cli_help": 1,
-                        "multiworker.MultiWorker.track_samples_per_second": 1 + _has_tf_keras()}, out[-6000:]
+                        "multiworker.MultiWorker.track_samples_per_second": 1 + _has_tf_keras(),
+                        "convergence.Convergence.track_steps_to_accuracy": 1,
+                        "convergence.Convergence.track_seconds_to_accuracy": 1,
+                        "convergence.Convergence.track_final_accuracy": 1}, out[-6000:]
     assert "asv: skipped: NotImplementedError(\"method 'single' runs on one device" in out
     assert "harness benchmark skipped" not in out, out[-6000:]

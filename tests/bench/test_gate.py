@@ -1,82 +1,39 @@
-"""The regression gate on a planted regression (issue 5): a throw-away repository with a tiny package.
+"""The regression gate on planted regressions (issues 5 and 19): a throw-away repository with a tiny package.
 
-Four commits: the original, an unchanged copy (README only), a 30% slower one, and
-one whose benchmark raises. ``harness bench-compare`` must exit 0, 1 and 2 on the
-three pairs. The gate runs in *existing* mode (as inside a prebuilt image): each
-commit is installed by pip into a private target directory on PYTHONPATH.
+Commits: the original, an unchanged copy (README only), a 30% slower one, one whose
+benchmark raises, and a 45% slower one. ``harness bench-compare`` must exit 0 on
+the unchanged pair and on five A/A runs of one commit, 1 on the slowdown, 2 on the
+error; a borderline result is measured again; noise from a history widens the
+threshold. The gate runs in *existing* mode (as inside a prebuilt image): each
+commit is installed by pip into a private target directory (tests/bench/demorepo.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("asv")
 
-_WORK = "import time\n\n\ndef work():\n    time.sleep({seconds})\n"
-_CONF = {"version": 1, "project": "gatedemo", "repo": ".", "branches": ["main"], "environment_type": "virtualenv",
-         "benchmark_dir": "benchmarks", "results_dir": ".asv/results", "html_dir": ".asv/html", "env_dir": ".asv/env"}
-_BENCH = textwrap.dedent('''
-    import gatedemo
-
-
-    class Work:
-        number = 3
-        repeat = 10
-        rounds = 1
-        warmup_time = 0
-
-        def time_work(self):
-            gatedemo.work()
-''')
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
-
-
-def _commit(repo: Path, files: dict[str, str], message: str) -> str:
-    for name, text in files.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text(text)
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD")
+from demorepo import commit, install_command, make_repo, run_harness, work_source  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     repo = tmp_path_factory.mktemp("gatedemo")
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "config", "user.email", "gate@example.invalid")
-    _git(repo, "config", "user.name", "gate test")
-    pyproject = ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
-                 '[project]\nname = "gatedemo"\nversion = "0.1"\n\n[tool.setuptools]\npackages = ["gatedemo"]\n')
-    first = _commit(repo, {  # a throw-away repository's files (tests/unit/test_docs.py: not-a-reference)
-        "pyproject.toml": pyproject,
-        "gatedemo/__init__.py": _WORK.format(seconds=0.02), "asv.conf.json": json.dumps(_CONF),
-        "benchmarks/__init__.py": "",
-        "benchmarks/bench.py": _BENCH, ".gitignore": ".asv/\n"}, "original")  # not-a-reference
-    same = _commit(repo, {"README.md": "unchanged code\n"}, "docs only")
-    slower = _commit(repo, {"gatedemo/__init__.py": _WORK.format(seconds=0.026)}, "30% slower")
-    broken = _commit(repo, {"gatedemo/__init__.py": "def work():\n    raise RuntimeError('broken')\n"}, "broken")
-    return repo, {"first": first, "same": same, "slower": slower, "broken": broken}
+    first = make_repo(repo)
+    same = commit(repo, {"README.md": "unchanged code\n"}, "docs only")
+    slower = commit(repo, {"gatedemo/__init__.py": work_source(0.026)}, "30% slower")
+    broken = commit(repo, {"gatedemo/__init__.py": "def work():\n    raise RuntimeError('broken')\n"}, "broken")
+    slowest = commit(repo, {"gatedemo/__init__.py": work_source(0.029)}, "45% slower")
+    return repo, {"first": first, "same": same, "slower": slower, "broken": broken, "slowest": slowest}
 
 
-def _gate(repo: Path, base: str, head: str, mode: str = "existing") -> subprocess.CompletedProcess:
-    site = repo.parent / f"site-{repo.name}"
-    install = f"{{python}} -m pip install --quiet --no-deps --no-build-isolation --upgrade --target {site} {{path}}"
-    env = {**os.environ, "HOME": str(repo.parent), "ASV_PYTHONPATH": str(site)}  # asv drops PYTHONPATH
-    return subprocess.run([sys.executable, "-m", "harness", "bench-compare", base, head, "--mode", mode,
-                           "--machine", "gate-test", "--install-command", install, "--markdown",
-                           str(repo.parent / "summary.md")], cwd=repo, capture_output=True, text=True, env=env,
-                          timeout=300)
+def _gate(repo: Path, base: str, head: str, mode: str = "existing", *extra: str):
+    return run_harness(repo, "bench-compare", base, head, "--mode", mode, "--machine", "gate-test",
+                       "--install-command", install_command(repo), "--markdown", str(repo.parent / "summary.md"),
+                       *extra)
 
 
 def test_gate_passes_an_unchanged_pair(planted):
@@ -84,6 +41,33 @@ def test_gate_passes_an_unchanged_pair(planted):
     done = _gate(repo, commits["first"], commits["same"])
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "No benchmark got worse" in done.stdout and "1 same" in done.stdout
+
+
+def test_gate_passes_five_a_a_runs_of_one_commit(planted):
+    # Issue 19: the same commit against itself, five times: never a regression (the gate's false alarms on
+    # a shared runner; TorchBench moved its threshold from 10% to 30% for per-model noise of 5-9%).
+    repo, commits = planted
+    for _ in range(5):
+        done = _gate(repo, commits["first"], commits["first"])
+        assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+        row = next(line for line in done.stdout.splitlines() if "bench.Work.time_work" in line)
+        assert "A/A (2+2 rounds)" in row and row.split("|")[7].strip().endswith("%")  # noise and what it detects
+
+
+def test_gate_measures_a_borderline_result_again_before_failing(planted):
+    # 45% slower against a 1.25 threshold: within twice the detectable change, so one more round runs.
+    repo, commits = planted
+    done = _gate(repo, commits["same"], commits["slowest"], "existing", "--factor", "1.25")
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "borderline, measuring once more: bench.Work.time_work" in done.stderr
+    row = next(line for line in done.stdout.splitlines() if "bench.Work.time_work" in line)
+    assert row.startswith("| + |") and "confirmed by a rerun" in row and "A/A (2+2 rounds)" in row
+
+
+def test_gate_refuses_a_single_round(planted):
+    repo, commits = planted
+    done = _gate(repo, commits["first"], commits["same"], "existing", "--rounds", "1")
+    assert done.returncode == 2 and "--rounds must be at least 2; got 1" in done.stderr
 
 
 def test_gate_fails_a_planted_30_percent_slowdown(planted):
@@ -98,6 +82,25 @@ def test_gate_fails_a_planted_30_percent_slowdown(planted):
     assert (repo.parent / "summary.md").read_text().strip() == done.stdout.strip()
 
 
+def test_gate_takes_the_noise_from_mains_history(planted, tmp_path):
+    # A nightly history where this benchmark swings ~20% night to night: the 30% slowdown is within 3 x that
+    # noise, so the gate passes it and says where the noise came from.
+    from asv_history import benchmark, levels, make_repo, write_history
+
+    history = tmp_path / "history"
+    nights = make_repo(tmp_path / "nightly-repo", 20)
+    bench = benchmark("bench.Work.time_work")
+    write_history(history, nights, [bench], {bench["name"]: [[v] for v in levels(20, 0.2, seed=3, base=0.02)]},
+                  machine="nightly")
+    repo, commits = planted
+    done = _gate(repo, commits["same"], commits["slower"], "existing", "--history", str(history),
+                 "--history-machine", "nightly")
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if "bench.Work.time_work" in line)
+    assert "history (n=20)" in row
+    assert float(row.split("|")[7].strip().rstrip("%")) > 30  # the smallest change it could detect
+
+
 def test_gate_reports_a_benchmark_error_as_2(planted):
     repo, commits = planted
     done = _gate(repo, commits["slower"], commits["broken"])
@@ -107,8 +110,8 @@ def test_gate_reports_a_benchmark_error_as_2(planted):
 
 @pytest.mark.slow
 def test_gate_in_virtualenv_mode_builds_both_commits(planted):
-    # asv continuous creates a virtualenv and builds each commit there (about a minute here).
+    # asv creates a virtualenv and builds each commit there (about a minute here).
     repo, commits = planted
     done = _gate(repo, commits["same"], commits["slower"], mode="virtualenv")
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
-    assert "asv continuous --factor 1.1" in done.stderr and "| + | `bench.Work.time_work`" in done.stdout
+    assert f"{commits['slower']}^!" in done.stderr and "| + | `bench.Work.time_work`" in done.stdout

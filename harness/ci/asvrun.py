@@ -1,0 +1,127 @@
+"""Running the asv suite on one commit: what the gate and bisection share.
+
+Two modes:
+  virtualenv  asv builds the commit in its own environment (``asv run COMMIT^!``).
+  existing    inside a prebuilt image (asv cannot build there): the commit is
+              checked out in a git worktree, installed into this Python with an
+              install command, and run with ``asv run --python=same
+              --set-commit-hash``; the benchmarks are this checkout's, for every commit.
+
+``--append-samples`` makes a second run of a commit add its samples to the
+first run's instead of replacing them: that is how the gate interleaves rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["INSTALL", "MODES", "AsvProject", "in_container", "resolve_mode"]
+
+INSTALL = "{python} -m pip install --quiet --no-deps --force-reinstall --no-build-isolation {path}"
+MODES = ("auto", "virtualenv", "existing")
+
+
+def in_container() -> bool:
+    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists() or "HARNESS_IN_IMAGE" in os.environ
+
+
+def resolve_mode(mode: str) -> str:
+    """``auto`` -> ``existing`` inside a container, else ``virtualenv``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode if mode != "auto" else ("existing" if in_container() else "virtualenv")
+
+
+@dataclass(frozen=True)
+class AsvProject:
+    """An asv project (its config file's folder) and how its commits are run.
+
+    ``install`` (existing mode) is a shell command with ``{python}`` and ``{path}``.
+    """
+
+    config: Path
+    machine: str
+    mode: str = "virtualenv"
+    install: str = INSTALL
+
+    @property
+    def root(self) -> Path:
+        return self.config.parent
+
+    def asv(self, argv: Sequence[str], check: bool = True) -> int:
+        """Runs ``asv ARGV`` with this config; its output goes to stderr."""
+        cmd = [sys.executable, "-m", "asv", "--config", str(self.config), *argv]
+        print("$ " + shlex.join(["asv", *argv]), file=sys.stderr, flush=True)
+        code = subprocess.run(cmd, cwd=self.root, stdout=sys.stderr).returncode
+        if check and code != 0:
+            raise RuntimeError(f"asv {argv[0]} failed with exit status {code}")
+        return code
+
+    def register_machine(self) -> None:
+        self.asv(["machine", "--yes", "--machine", self.machine])
+
+    def run_commit(self, commit: str, bench: Sequence[str] = (), append: bool = False,
+                   extra: Sequence[str] = ()) -> int:
+        """Runs the benchmarks matching ``bench`` (regexes; all when empty) on ``commit``; asv saves the results.
+
+        Returns asv's exit status: 2 when a benchmark failed (that is in the saved results, for the caller to
+        judge), 0 otherwise.
+
+        Raises:
+            RuntimeError: installing the commit failed (existing mode), or asv failed for another reason.
+        """
+        flags = ["--machine", self.machine, "--record-samples", "--show-stderr", *extra]
+        flags += [flag for regex in bench for flag in ("--bench", regex)]
+        if append:
+            flags.append("--append-samples")
+        if self.mode == "virtualenv":
+            code = self.asv(["run", *flags, f"{commit}^!"], check=False)
+        elif self.mode == "existing":
+            with self._installed(commit):
+                code = self.asv(["run", "--python=same", "--set-commit-hash", commit, *flags], check=False)
+        else:
+            raise ValueError(f"mode must be virtualenv or existing; got {self.mode!r}")
+        if code not in (0, 2):
+            raise RuntimeError(f"asv run on {commit[:12]} failed with exit status {code}")
+        return code
+
+    def _installed(self, commit: str):
+        return _Installed(self, commit)
+
+
+class _Installed:
+    """Context: ``commit`` checked out in a temporary worktree and installed into this Python."""
+
+    def __init__(self, project: AsvProject, commit: str):
+        self.project, self.commit = project, commit
+
+    def __enter__(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="harness-asv-")
+        tree = Path(self._tmp.name) / self.commit[:12]
+        root = self.project.root
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), self.commit], cwd=root, check=True,
+                       capture_output=True)
+        self._tree = tree
+        try:
+            command = self.project.install.format(python=shlex.quote(sys.executable), path=shlex.quote(str(tree)))
+            print(f"$ {command}", file=sys.stderr, flush=True)
+            done = subprocess.run(command, shell=True, cwd=root, stdout=sys.stderr)
+            if done.returncode != 0:
+                raise RuntimeError(f"installing {self.commit[:12]} failed (exit {done.returncode}): {command}")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return tree
+
+    def __exit__(self, *exc):
+        subprocess.run(["git", "worktree", "remove", "--force", str(self._tree)], cwd=self.project.root,
+                       capture_output=True)
+        self._tmp.cleanup()
+        return False

@@ -1,0 +1,139 @@
+"""The nightly tracking steps of publish.yml, run for real on a synthetic history with stand-ins for gh and bisect.
+
+The workflow's own scripts (read from the YAML) run under bash as Actions runs them; ``gh`` is a stand-in
+that logs its arguments and answers ``issue list`` with the open issues of the scenario. The
+regressions JSON comes from the real ``harness regressions`` on a history written by asv's own code
+(tests/bench/asv_history.py), so a change of its fields breaks this test, not the night.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("asv")
+yaml = pytest.importorskip("yaml")
+if shutil.which("jq") is None:  # scripts/dev-env.sh installs it where it may (root, apt)
+    pytest.skip("jq is not installed: the workflow's report step is jq over JSON", allow_module_level=True)
+
+from asv_history import benchmark, levels, make_repo, write_history  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+MACHINE = "github-ubuntu-latest"
+_SAMPLES = "throughput.Throughput.track_samples_per_second"
+_STEP = "throughput.TrainStep.time_train_step"
+
+
+def _step(job: str, name: str) -> str:
+    workflow = yaml.safe_load((ROOT / ".github/workflows/publish.yml").read_text())
+    return next(step["run"] for step in workflow["jobs"][job]["steps"] if step.get("name") == name)
+
+
+def _bash(script: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    # GitHub's `run:` default shell on Linux: bash --noprofile --norc -eo pipefail {0}
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _stand_in(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory):
+    """30 commits, results every third night: a 25% samples/s drop and a 20% slower step, both in ranges of 3
+    commits; the older step is in the first week, so not new."""
+    tmp = tmp_path_factory.mktemp("nightly")
+    commits = make_repo(tmp / "repo", 30)
+    nights = commits[::3]  # 10 nights
+    ratio = benchmark(_SAMPLES, "samples/s", [["'mnist_maxing'"], ["'ratio'"]], ["workload", "split"])
+    step = benchmark(_STEP, "seconds")
+    series = {_SAMPLES: [[v] for v in levels(10, 0.02, seed=5, step_at=8, step=-0.25, base=2800)],
+              _STEP: [[v] for v in levels(10, 0.02, seed=6, step_at=2, step=0.2, base=0.004)]}
+    write_history(tmp / "results", nights, [ratio, step], series, machine=MACHINE)
+    out = tmp / "regressions"
+    out.mkdir()
+    done = subprocess.run([sys.executable, "-m", "harness", "regressions", "--results", str(tmp / "results"),
+                           "--since", commits[15], "--json"], cwd=tmp / "repo", capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (out / "regressions.json").write_text(done.stdout)
+    report = json.loads(done.stdout)
+    assert [(r["name"], r["new"], r["commits"]) for r in report["regressions"]] == [(_STEP, False, 3),
+                                                                                    (_SAMPLES, True, 3)]
+    return tmp, commits, report
+
+
+def test_the_bisect_step_bisects_each_new_regression_of_several_commits(nightly, tmp_path):
+    tmp, commits, report = nightly
+    runner = tmp_path / "runner"
+    (runner / "regressions").mkdir(parents=True)
+    (runner / "regressions" / "regressions.json").write_text(json.dumps(report))
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "harness", 'printf "%s\\n" "$@" > "$RUNNER_TEMP/harness-args"\necho \'{"status": 0}\'\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUNNER_TEMP": str(runner),
+           "ASV_MACHINE": MACHINE}
+    done = _bash(_step("bench", "bisect new regressions"), tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    new = report["regressions"][1]
+    args = (runner / "harness-args").read_text().splitlines()
+    assert args == ["bisect", _SAMPLES, new["last_good"], new["first_bad"], "--params", "'mnist_maxing', 'ratio'",
+                    "--mode", "existing", "--machine", MACHINE, "--json"]
+    assert json.loads((runner / "regressions" / "bisect-1.json").read_text()) == {"status": 0}
+    assert not (runner / "regressions" / "bisect-0.json").exists()  # not new: not bisected
+
+
+def _report(nightly, tmp_path, open_issues: list[dict]) -> list[list[str]]:
+    """Runs the report step; each gh call's arguments."""
+    _, commits, report = nightly
+    runner = tmp_path / "runner"
+    (runner / "regressions").mkdir(parents=True)
+    (runner / "regressions" / "regressions.json").write_text(json.dumps(report))
+    new = report["regressions"][1]
+    bisect = {"status": 0, "runs": 2, "bound": 3, "unit": "samples/s", "first_bad": {
+        "commit": commits[commits.index(new["first_bad"]) - 1], "subject": "commit 24", "before": 2790.0,
+        "after": 2090.0}}
+    (runner / "regressions" / "bisect-1.json").write_text(json.dumps(bisect))
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "gh", 'calls="$RUNNER_TEMP/gh-calls"; mkdir -p "$calls"\n'
+                             'printf "%s\\0" "$@" > "$calls/$(printf %03d "$(ls "$calls" | wc -l)")"\n'
+                             'if [ "$1 $2" = "issue list" ]; then printf "%s" "$OPEN_ISSUES"; fi\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUNNER_TEMP": str(runner),
+           "GH_TOKEN": "t", "GH_REPO": "o/r", "RUN_URL": "https://example.invalid/run/1",
+           "OPEN_ISSUES": json.dumps(open_issues)}
+    done = _bash(_step("report", "open or update issues"), tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    return [call.read_text().split("\0")[:-1] for call in sorted((runner / "gh-calls").iterdir())]
+
+
+def test_the_report_opens_one_issue_per_new_regression_with_the_bisected_commit(nightly, tmp_path):
+    _, commits, report = nightly
+    calls = _report(nightly, tmp_path, [])
+    creates = [c for c in calls if c[:2] == ["issue", "create"]]
+    assert len(creates) == 1  # the old regression (before --since) opens nothing
+    new = report["regressions"][1]
+    title = creates[0][creates[0].index("--title") + 1]
+    assert title == f"Benchmark regression: {_SAMPLES} ('mnist_maxing', 'ratio') at {new['first_bad'][:8]}"
+    body = creates[0][creates[0].index("--body") + 1]
+    assert f"| `{_SAMPLES}` | 'mnist_maxing', 'ratio' | {new['last_good'][:8]}..{new['first_bad'][:8]} (3 commits)" \
+        in body
+    assert "`harness bisect` (2 runs, bound 3): first bad commit" in body and '"commit 24"' in body
+    assert "machine `github-ubuntu-latest`" in body
+
+
+def test_the_report_comments_on_the_open_issue_of_a_known_regression(nightly, tmp_path):
+    _, _, report = nightly
+    new = report["regressions"][1]
+    title = f"Benchmark regression: {_SAMPLES} ('mnist_maxing', 'ratio') at {new['first_bad'][:8]}"
+    calls = _report(nightly, tmp_path, [{"number": 7, "title": "other"}, {"number": 12, "title": title}])
+    assert not [c for c in calls if c[:2] == ["issue", "create"]]
+    comments = [c for c in calls if c[:2] == ["issue", "comment"]]
+    assert len(comments) == 1 and comments[0][2] == "12"
