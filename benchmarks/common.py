@@ -31,13 +31,12 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from harness.bench.convergence import Goal
 from harness.bench.runner import METHODS as RUN_METHODS
 
 __all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combination", "use_devices", "all_devices",
            "emulated", "device_profiles", "setup_profiles", "split_batches", "run_config", "prepared_step",
            "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound", "skip",
-           "convergence_profiles", "convergence_batches", "convergence_config"]
+           "convergence_profiles", "convergence_batches", "convergence_goal", "convergence_config"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
 METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
@@ -79,7 +78,9 @@ class BenchGrid:
     convergence_size: str = "tiny"  # the goals were measured at this size
     convergence_device_counts: tuple[int, ...] = ()
     convergence_batch: Mapping[str, int] = field(default_factory=dict)  # global batch per workload
-    convergence_goals: Mapping[str, Goal] = field(default_factory=dict)  # target accuracy, step budget per workload
+    # per workload: harness.bench.convergence.Goal's fields (target accuracy, step budget, ...); plain values, so
+    # discovering the suite imports nothing newer than harness.bench.runner (see convergence_goal)
+    convergence_goals: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     convergence_timeout: float = 600.0  # setup_cache: every combination trained in one process
 
     def batch(self, workload: str) -> int:
@@ -120,7 +121,7 @@ _CI = BenchGrid(
     convergence_workloads=("mnist_maxing",),
     convergence_device_counts=(1, 2, 3),
     convergence_batch={"mnist_maxing": 120},
-    convergence_goals={"mnist_maxing": Goal(target=0.9, budget=120, every=1, held_out=512)},
+    convergence_goals={"mnist_maxing": {"target": 0.9, "budget": 120, "every": 1, "held_out": 512}},
     convergence_timeout=600.0,
 )
 
@@ -136,7 +137,7 @@ GRIDS: dict[str, BenchGrid] = {
         # Proves the suite runs, not that it converges: 2 steps never reach the target. Three devices only
         # (setup_cache trains every combination, ~5 s each here, tracing mostly; one device is towers' step too).
         convergence_device_counts=(3,),
-        convergence_goals={"mnist_maxing": Goal(target=0.9, budget=2, every=1, held_out=256)},
+        convergence_goals={"mnist_maxing": {"target": 0.9, "budget": 2, "every": 1, "held_out": 256}},
         convergence_timeout=300.0,
     ),
     "full": BenchGrid(
@@ -167,8 +168,8 @@ GRIDS: dict[str, BenchGrid] = {
         convergence_workloads=("mnist_maxing", "gru_stack"),
         convergence_device_counts=(1, 2, 3, 4),
         convergence_batch={"mnist_maxing": 120, "gru_stack": 256},
-        convergence_goals={"mnist_maxing": Goal(target=0.9, budget=120, every=1, held_out=512),
-                           "gru_stack": Goal(target=0.3, budget=2000, every=25, held_out=2048)},
+        convergence_goals={"mnist_maxing": {"target": 0.9, "budget": 120, "every": 1, "held_out": 512},
+                           "gru_stack": {"target": 0.3, "budget": 2000, "every": 25, "held_out": 2048}},
         convergence_timeout=3600.0,
     ),
 }
@@ -520,6 +521,13 @@ def convergence_batches(grid: BenchGrid, profiles: dict, workload: str, split: s
     else:
         raise ValueError(f"a convergence split is even or ratio; got split={split!r}")
     return _within_ceilings(split, batches, rows)
+
+
+def convergence_goal(grid: BenchGrid, workload: str):
+    """The ``harness.bench.convergence.Goal`` of ``workload`` on ``grid`` (imported here, not at module level)."""
+    from harness.bench.convergence import Goal
+
+    return Goal(**grid.convergence_goals[workload])
 
 
 def convergence_config(grid: BenchGrid, profiles: dict, workload: str, method: str, split: str, count: int):

@@ -57,7 +57,7 @@ def train_every_combination() -> dict:
             out[key] = {"skip": str(err)}
             continue
         try:
-            out[key] = train_to_accuracy(config, grid.convergence_goals[workload]).to_json()
+            out[key] = train_to_accuracy(config, common.convergence_goal(grid, workload)).to_json()
         except Exception as err:  # noqa: BLE001  # one failing combination must not take the others' figures along
             out[key] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         gc.collect()

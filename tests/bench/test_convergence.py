@@ -90,7 +90,8 @@ def test_every_grid_has_goals_and_one_global_batch(common):
     for grid in common.GRIDS.values():
         assert grid.convergence_workloads and grid.convergence_device_counts, grid.name
         for name in grid.convergence_workloads:
-            assert isinstance(grid.convergence_goals[name], Goal) and grid.convergence_batch[name] >= 1, grid.name
+            assert isinstance(common.convergence_goal(grid, name), Goal), grid.name
+            assert grid.convergence_batch[name] >= 1, grid.name
     # Every device count and split trains the same global batch: their steps to accuracy compare.
     profiles = common.convergence_profiles(ci)
     batches = {(split, n): common.convergence_batches(ci, profiles, "mnist_maxing", split, n)
@@ -135,7 +136,7 @@ _PLANTED = textwrap.dedent("""
     method, split, devices = {combination!r}
     config = common.convergence_config(grid, common.convergence_profiles(grid), "mnist_maxing", method, split,
                                        devices)
-    goal = grid.convergence_goals["mnist_maxing"]
+    goal = common.convergence_goal(grid, "mnist_maxing")
     runs = [train_to_accuracy(config, goal).to_json() for _ in range(2)]
 
     import tensorflow as tf

@@ -34,6 +34,19 @@ def test_importing_the_suites_imports_no_tensorflow():
         assert out.strip() == "[]", (grid, out)
 
 
+def test_discovering_the_suites_needs_no_harness_module_newer_than_the_runner():
+    # The gate's and bisect's existing mode run this checkout's benchmarks against older commits' harness
+    # (issue 19): a module-level import of a newer harness module (benchmarks/common.py once imported
+    # harness.bench.convergence for its Goal) makes discovery fail on every commit before that module.
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+            "import harness.bench.runner\n"
+            "before = {m for m in sys.modules if m.startswith('harness')}\n"
+            + "".join(f"import benchmarks.{name}\n" for name in SUITES)
+            + "print(sorted(m for m in sys.modules if m.startswith('harness') and m not in before))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "[]", out
+
+
 def test_the_grid_comes_from_one_variable(common, monkeypatch):
     monkeypatch.delenv(common.GRID_VARIABLE, raising=False)
     assert common.current_grid().name == "ci"
