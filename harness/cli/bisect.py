@@ -87,6 +87,11 @@ def _progress(report: Report, probe: Probe) -> None:
     print(f"harness bisect: {format_probe(report, probe)}", file=sys.stderr, flush=True)
 
 
+def _short(subject: str, width: int = 60) -> str:
+    """A commit subject cut to ``width`` characters for a table row (the JSON keeps it whole)."""
+    return subject if len(subject) <= width else subject[:width - 3].rstrip() + "..."
+
+
 def format_value(value: float | None, unit: str) -> str:
     """``20.1ms`` (seconds), ``1.2M`` (bytes, asv's style), ``49.7 items/s``; ``failed`` for None."""
     if value is None or math.isnan(value):
@@ -102,7 +107,7 @@ def format_probe(report: Report, probe: Probe) -> str:
     """One progress line: ``[2] commit 5 of 10  82b356ff44d1 note 5: 20.1ms, 1.00x vs good: same``."""
     ratio = "" if probe.ratio is None else f", {probe.ratio:.2f}x vs good"
     return (f"[{report.probes.index(probe) + 1}] commit {probe.index + 1} of {len(report.commits)}  "
-            f"{probe.commit[:12]} {probe.subject}: {format_value(probe.value, report.target.unit)}{ratio}: "
+            f"{probe.commit[:12]} {_short(probe.subject)}: {format_value(probe.value, report.target.unit)}{ratio}: "
             f"{probe.verdict.value}")
 
 
@@ -120,7 +125,7 @@ def render(report: Report) -> str:
     rows = [("run", "commit", "hash", "value", "vs good", "verdict", "subject")]
     rows += [(str(run), f"{probe.index + 1}/{len(commits)}", probe.commit[:12],
               format_value(probe.value, target.unit), "" if probe.ratio is None else f"{probe.ratio:.2f}x",
-              probe.verdict.value, probe.subject) for run, probe in enumerate(report.probes, 1)]
+              probe.verdict.value, _short(probe.subject)) for run, probe in enumerate(report.probes, 1)]
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[6] for row in rows]
     lines.append("")
