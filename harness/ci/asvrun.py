@@ -84,6 +84,9 @@ class AsvProject:
         if self.mode == "virtualenv":
             code = self.asv(["run", *flags, f"{commit}^!"], check=False)
         elif self.mode == "existing":
+            if os.environ.get("PYTHONPATH"):  # seen: timeraw_ benchmarks timed that tree, not the installed commit
+                print(f"harness: warning: PYTHONPATH is set ({os.environ['PYTHONPATH']}): benchmark processes may "
+                      f"import from there rather than the commit installed ({commit[:12]})", file=sys.stderr)
             with self._installed(commit):
                 code = self.asv(["run", "--python=same", "--set-commit-hash", commit, *flags], check=False)
         else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,9 +96,8 @@ class Series:
         steps = self.steps() if steps is None else steps
         ratios: list[float] = []
         for left, right, *_ in steps:
-            kept = sorted(float(v) for v in self.values[left:right] if v is not None and resultsdir.is_usable(v))
-            mid = len(kept) // 2
-            center = kept[mid] if len(kept) % 2 else (kept[mid - 1] + kept[mid]) / 2
+            kept = [float(v) for v in self.values[left:right] if v is not None and resultsdir.is_usable(v)]
+            center = statistics.median(kept) if kept else 0
             if center:
                 ratios += [v / center for v in kept]
         return relative_noise(ratios)

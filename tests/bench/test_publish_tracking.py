@@ -78,15 +78,15 @@ def test_the_bisect_step_bisects_each_new_regression_of_several_commits(nightly,
     (runner / "regressions").mkdir(parents=True)
     (runner / "regressions" / "regressions.json").write_text(json.dumps(report))
     bin_dir = tmp_path / "bin"
-    _stand_in(bin_dir, "harness", 'printf "%s\\n" "$@" > "$RUNNER_TEMP/harness-args"\necho \'{"status": 0}\'\n')
+    _stand_in(bin_dir, "python", 'printf "%s\\n" "$@" > "$RUNNER_TEMP/harness-args"\necho \'{"status": 0}\'\n')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUNNER_TEMP": str(runner),
            "ASV_MACHINE": MACHINE}
     done = _bash(_step("bench", "bisect new regressions"), tmp_path, env)
     assert done.returncode == 0, done.stderr
     new = report["regressions"][1]
     args = (runner / "harness-args").read_text().splitlines()
-    assert args == ["bisect", _SAMPLES, new["last_good"], new["first_bad"], "--params", "'mnist_maxing', 'ratio'",
-                    "--mode", "existing", "--machine", MACHINE, "--json"]
+    assert args == ["-m", "harness", "bisect", _SAMPLES, new["last_good"], new["first_bad"],
+                    "--params", "'mnist_maxing', 'ratio'", "--mode", "existing", "--machine", MACHINE, "--json"]
     assert json.loads((runner / "regressions" / "bisect-1.json").read_text()) == {"status": 0}
     assert not (runner / "regressions" / "bisect-0.json").exists()  # not new: not bisected
 
