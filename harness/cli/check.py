@@ -6,10 +6,16 @@ training steps of single-device, towers and mirrored on the same devices.
 
 ``harness check --zoo`` checks the model zoo instead (``harness.bench.zoo``): real
 architectures at CPU size, each x method x split (even on 2 devices, 3:2, 5:3:2
-on 3), judged against one device and a float64 run. Each case's status is a
-verdict of ``compare_training`` (exact, as accurate as one device, exact in
-float64), refused (harness names what it does not support) or FAIL; the exit
-status is 1 if any case FAILs. Progress goes to stderr.
+on 3), judged against one device and a float64 run, and then the optimizer
+axis: every built-in optimizer x the options people train with (clipnorm,
+clipvalue, global_clipnorm, gradient accumulation, EMA, weight decay, a
+schedule, loss scaling, mixed_float16) on a dense model and a causal language
+model, at split 3:2 (``--zoo-splits`` for others). ``--zoo-models`` alone runs
+only the model zoo, ``--zoo-optimizers``/``--zoo-options``/``--zoo-axis-models``
+alone only the axis. Each case's status is a verdict of ``compare_training``
+(exact, as accurate as one device, exact in float64), refused (harness names
+what it does not support) or FAIL; the exit status is 1 if any case FAILs.
+Progress goes to stderr.
 
 ``--workers N`` (or under ``harness launch``, ``TF_CONFIG`` set) checks across N local workers
 of one loopback cluster instead: each worker joins it with its devices
@@ -34,6 +40,9 @@ import sys
 from harness.bench.workloads.small import EQUIVALENCE_MODELS
 from harness.bench.zoo import NAMES as ZOO_MODELS
 from harness.bench.zoo import SPLITS as ZOO_SPLITS
+from harness.bench.zoo.optimizers import MODELS as AXIS_MODELS
+from harness.bench.zoo.optimizers import OPTIMIZERS as AXIS_OPTIMIZERS
+from harness.bench.zoo.optimizers import OPTIONS as AXIS_OPTIONS
 from harness.parallel import METHODS as PARALLEL_METHODS
 from harness.split import split_batch, validate_ratios
 
@@ -78,7 +87,13 @@ def add_parser(subparsers) -> None:
                      help=f"zoo models to check (default all): {', '.join(ZOO_MODELS)}")
     zoo.add_argument("--zoo-splits", nargs="+", choices=list(ZOO_SPLITS), metavar="SPLIT",
                      help=f"splits to check (default all): {', '.join(ZOO_SPLITS)}")
-    zoo.add_argument("--fast", action="store_true", help="only the zoo's fast subset")
+    zoo.add_argument("--zoo-optimizers", nargs="+", choices=list(AXIS_OPTIMIZERS), metavar="NAME",
+                     help=f"optimizer axis: optimizers to check (default all): {', '.join(AXIS_OPTIMIZERS)}")
+    zoo.add_argument("--zoo-options", nargs="+", choices=list(AXIS_OPTIONS), metavar="OPTION",
+                     help=f"optimizer axis: options to check (default all): {', '.join(AXIS_OPTIONS)}")
+    zoo.add_argument("--zoo-axis-models", nargs="+", choices=list(AXIS_MODELS), metavar="NAME",
+                     help=f"optimizer axis: models to train (default all): {', '.join(AXIS_MODELS)}")
+    zoo.add_argument("--fast", action="store_true", help="only the zoo's fast subset (model zoo and optimizer axis)")
     zoo.add_argument("--keras", choices=["3", "2", "both"], default="3",
                      help="Keras generation: 3, 2 (tf-keras) or both (each one installed; default 3)")
     zoo.add_argument("--format", choices=["text", "markdown", "json"], default=None,
@@ -255,13 +270,20 @@ def _zoo(args) -> int:
           file=sys.stderr, flush=True)
 
     def progress(row, done: int, total: int) -> None:
-        print(f"[{done}/{total}] {row.model} keras {row.keras} {row.method} {row.split}: {row.status} "
+        setting = f" {row.optimizer}" if row.optimizer else ""
+        print(f"[{done}/{total}] {row.model}{setting} keras {row.keras} {row.method} {row.split}: {row.status} "
               f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
 
+    axis_chosen = any([args.zoo_optimizers, args.zoo_options, args.zoo_axis_models])
     rows = []
     for keras in generations:
-        rows += zoo.run_zoo(args.zoo_models, methods=args.methods, splits=args.zoo_splits, keras=keras,
-                            fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
+        if args.zoo_models or not axis_chosen:
+            rows += zoo.run_zoo(args.zoo_models, methods=args.methods, splits=args.zoo_splits, keras=keras,
+                                fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
+        if axis_chosen or not args.zoo_models:
+            rows += zoo.run_optimizer_axis(args.zoo_axis_models, args.zoo_optimizers, args.zoo_options,
+                                           methods=args.methods, splits=args.zoo_splits or ["3:2"], keras=keras,
+                                           fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
     render = {"text": zoo.text_table, "markdown": zoo.markdown, "json": zoo.to_json}
     print(render["json" if args.json else args.format or "text"](rows))
     return 1 if any(row.failed for row in rows) else 0

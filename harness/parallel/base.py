@@ -237,7 +237,7 @@ class ParallelModel(ParallelCommon):
             weights = self.core.trainable_weights
             with tf.device(self.merge_device):
                 grads = tape.gradient(scaled, self._local_variables(weights))
-            self._apply_whole_gradients(grads, weights)
+        self._apply_whole_gradients(grads, weights)
         return y_pred, extra, compiled
 
     def _local_variables(self, weights):

@@ -25,10 +25,9 @@ import functools
 
 import tensorflow as tf
 
-from harness.parallel import slicing
+from harness.parallel import slicing, sparse
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
-from harness.parallel.sparse import reduce_sparse_in_replica
 
 __all__ = ["Mirrored", "mirrored_class"]
 
@@ -39,16 +38,13 @@ def _uses_sum_reduction(k, loss) -> bool:
 
 
 def _replica(strategy, structure, index: int):
-    """Replica ``index``'s values of a structure ``strategy.run`` returned."""
-    return tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[index], structure)
+    """Replica ``index``'s values of a structure ``strategy.run`` returned (a value every replica returned
+    as one tensor, such as a constant, is not distributed: it is every replica's)."""
+    def pick(value):
+        values = strategy.experimental_local_results(value)
+        return values[index] if len(values) > 1 else values[0]
 
-
-def _nothing_like(grad):
-    """What a replica other than 0 sends: exact zeros, or no rows of a sparse gradient (which stays sparse:
-    Keras 3's optimizers update from its rows, see ``harness.parallel.sparse``)."""
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values[:0], grad.indices[:0], grad.dense_shape)
-    return tf.zeros_like(grad)
+    return tf.nest.map_structure(pick, structure)
 
 
 class Mirrored(ParallelModel):
@@ -91,6 +87,9 @@ class Mirrored(ParallelModel):
                 optimizer = optimizer.__class__.from_config(optimizer.get_config())
             else:
                 optimizer = k.optimizers.get(optimizer)
+        refused = self._adapter.optimizer_refusal(optimizer, self.method.value)
+        if refused:
+            raise ValueError(refused)
         super().compile(optimizer, loss, *args, **kwargs)
         with self.strategy.scope():
             self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)
@@ -105,15 +104,20 @@ class Mirrored(ParallelModel):
         # Outside replicas a mirrored variable is read from the copy on the current device.
         return [self._adapter.local_variable(w) for w in weights]
 
-    def _apply_whole_gradients(self, grads, weights):
-        # Keras' optimizer only updates mirrored variables from replicas, where it sums the
-        # replicas' gradients: replica 0 sends the gradients, the others exact zeros (or no sparse rows).
-        pairs = [(g, w) for g, w in zip(grads, weights) if g is not None]
-        grads, weights = [g for g, _ in pairs], [w for _, w in pairs]
-        per_replica = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: grads if ctx.replica_id_in_sync_group == 0 else [_nothing_like(g) for g in grads]
-        )
-        self.strategy.run(lambda g: self._adapter.apply_gradients(self.optimizer, g, weights), args=(per_replica,))
+    def _sum_gradients(self, grads):
+        """The whole batch's gradients on the merge device from the replicas' (``strategy.run``'s): dense ones
+        summed, sparse ones given the single device's rows (``sparse.join``)."""
+        out = []
+        with tf.device(self.merge_device):
+            for g in grads:
+                parts = None if g is None else [_replica(self.strategy, g, i) for i in range(len(self.devices))]
+                if parts is None:
+                    out.append(None)
+                elif isinstance(parts[0], sparse.Rows):
+                    out.append(sparse.join(parts))
+                else:
+                    out.append(tf.add_n(parts))
+        return out
 
     def _distribute(self, x):
         """``(n, sizes, starts, shares, slices)``: the batch cut on the host, one slice per replica."""
@@ -154,6 +158,7 @@ class Mirrored(ParallelModel):
             y_parts, weight_parts = (slicing.split_structure(v, sizes, len(self.devices)) for v in (y, sample_weight))
         replicas = float(self.strategy.num_replicas_in_sync)
         a = self._adapter
+        sources = tf.nest.flatten(x)  # a sparse gradient's lookup depends on the batch, or not (``sparse``)
 
         def replica_step(x_local):
             ctx = tf.distribute.get_replica_context()
@@ -184,12 +189,14 @@ class Mirrored(ParallelModel):
                 # An emulated device finishes after its backward pass: the first layer's gradients come last.
                 after = next((g for g in grads if g is not None), y_local)
                 grads = add_zero_where_present(grads, self.emulator.finish(device, token, after))
-            grads = reduce_sparse_in_replica(ctx, grads)
-            a.apply_gradients(self.optimizer, grads, weights)
-            return y_pred, self._extras(y_pred), extra, penalty, main
+            grads = [sparse.rows_of(g, sources, variable=w) for g, w in zip(grads, weights)]
+            return y_pred, self._extras(y_pred), extra, penalty, main, grads
 
         with a.untracked_losses(self):
-            y_pred, extras, extra, penalty, main = self.strategy.run(replica_step, args=(x_parts,))
+            y_pred, extras, extra, penalty, main, grads = self.strategy.run(replica_step, args=(x_parts,))
+        # One optimizer step on the whole batch's gradient, outside the replicas: clipping, accumulation,
+        # EMA and loss scaling see what they see on one device (docs/design.md, "Optimizer steps").
+        self._apply_whole_gradients(self._sum_gradients(grads), self.core.trainable_weights)
         if self.gather_reason is None:
             # Each replica kept its own rows: joined once, for the metrics (pruned from the step where none
             # reads them), and the replicas' shares of the loss summed.

@@ -34,11 +34,10 @@ import tensorflow as tf
 
 from harness.cluster import DEVICES_VARIABLE, Cluster, read_tf_config
 from harness.compat import is_keras2_model
-from harness.parallel import layerwise
+from harness.parallel import layerwise, sparse
 from harness.parallel.base import add_all
 from harness.parallel.collective import gather_worker_rows, multiworker_strategy, sum_over_workers
 from harness.parallel.mirrored import Mirrored, _replica
-from harness.parallel.sparse import merge_all, reduce_sparse_in_replica
 
 __all__ = ["use_cluster", "MultiWorker", "multiworker_class"]
 
@@ -254,10 +253,23 @@ class MultiWorker(Mirrored):
                        for out, r in zip(outputs, rows)]
         return self._merge(outputs), extra, pending
 
+    @staticmethod
+    def _sum_over_workers(ctx, grads, sources, towers: int, weights) -> list:
+        """Inside the worker's replica: the whole cluster's gradients (sparse ones as ``sparse.Rows`` with the
+        single device's rows: this worker's towers' first, then across the workers), the same on every worker."""
+        grads = [sparse.rows_of(g, sources, towers, w) for g, w in zip(grads, weights)]
+        dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, sparse.Rows)]
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in dense]) if dense else []
+        out = [sparse.all_reduce_rows(ctx, g) if isinstance(g, sparse.Rows) else g for g in grads]
+        for i, g in zip(dense, summed):
+            out[i] = g
+        return out
+
     def _parallel_train(self, x, y, sample_weight):
         n, mine, starts, shares, rows, parts = self._cut(x)
         replicas = float(self.strategy.num_replicas_in_sync)
         a = self._adapter
+        sources = tf.nest.flatten(x)  # a sparse gradient's lookup depends on the batch, or not (``sparse``)
 
         def replica_step():
             ctx = tf.distribute.get_replica_context()
@@ -271,14 +283,16 @@ class MultiWorker(Mirrored):
             weights = self.core.trainable_weights
             grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
             grads, input_grads = grads[: len(weights)], grads[len(weights):]
-            grads = merge_all(grads, len(parts))  # this worker's sparse rows laid out as on one device
             grads = self._finish_towers(grads, pending, input_grads, after=y_local)
-            grads = reduce_sparse_in_replica(ctx, grads)
-            a.apply_gradients(self.optimizer, grads, weights)
-            return y_pred, self._extras(y_pred), extra, penalty, main
+            return y_pred, self._extras(y_pred), extra, penalty, main, self._sum_over_workers(ctx, grads, sources,
+                                                                                             len(parts), weights)
 
         with a.untracked_losses(self):
-            y_pred, extras, extra, penalty, main = self.strategy.run(replica_step)
+            y_pred, extras, extra, penalty, main, grads = self.strategy.run(replica_step)
+        # Every worker steps its own optimizer on the whole batch's gradient, outside the replicas: clipping,
+        # accumulation, EMA and loss scaling see what they see on one device (docs/design.md, "Optimizer steps").
+        grads = [sparse.join([g]) if isinstance(g, sparse.Rows) else g for g in _replica(self.strategy, grads, 0)]
+        self._apply_whole_gradients(grads, self.core.trainable_weights)
         y_pred = self._attach(_replica(self.strategy, y_pred, 0), _replica(self.strategy, extras, 0))
         extra = self._sum_replicas(extra) + _replica(self.strategy, penalty, 0)
         return y_pred, extra, _replica(self.strategy, main, 0)

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from harness.parallel import layerwise
 from harness.parallel.base import Method, ParallelModel
-from harness.parallel.sparse import merge_all
+from harness.parallel.sparse import whole_rows
 
 __all__ = ["Towers", "towers_class"]
 
@@ -60,7 +60,8 @@ class Towers(ParallelModel):
         weights = self.core.trainable_weights
         grads = tape.gradient(scaled, weights + [leaf for _, _, leaf in pending])
         grads, input_grads = grads[: len(weights)], grads[len(weights):]
-        grads = merge_all(grads, len(self.devices))  # sparse rows laid out as on one device
+        # Sparse gradients get the single device's rows (each batch-independent lookup's blocks summed).
+        grads = whole_rows(grads, tf.nest.flatten(x), len(self.devices), weights)
         # Each emulated device finishes when its backward pass reaches its input.
         grads = self._finish_towers(grads, pending, input_grads, after=y_pred)
         a.apply_gradients(self.optimizer, grads, weights)

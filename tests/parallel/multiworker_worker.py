@@ -5,7 +5,7 @@ the chief (worker 0) also trains it on one device and prints one JSON line: ``RE
 largest weight deviation and both runs' per-epoch losses.
 
 Usage: python multiworker_worker.py MODEL RATIOS SAMPLES BATCH [--sample-weight] [--epochs N] [--keras2]
-    [--activity] [--save DIR] [--emulate SPEC]   (RATIOS: 3:1 or auto)
+    [--activity] [--save DIR] [--emulate SPEC] [--optimizer SPEC]   (RATIOS: 3:1 or auto)
 (each worker's device count: ``harness launch --devices-per-worker``)
 """
 
@@ -21,7 +21,7 @@ from file_audit import audit_writes  # noqa: E402  (beside this script)
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("model", choices=["dense", "bn"])
+    p.add_argument("model", choices=["dense", "bn", "tokens"])
     p.add_argument("ratios")
     p.add_argument("samples", type=int)
     p.add_argument("batch", type=int)
@@ -32,6 +32,8 @@ def main() -> int:
     p.add_argument("--activity", action="store_true", help="an activity regulariser (a call-time loss)")
     p.add_argument("--save", default=None, metavar="DIR",
                    help="every worker calls parallel.save(DIR/model.keras): the chief alone writes it")
+    p.add_argument("--optimizer", default="SGD(0.1)",
+                   help="a keras.optimizers expression, e.g. 'Adam(0.05, global_clipnorm=0.05)' (default SGD(0.1))")
     p.add_argument("--die-at-step", type=int, default=None,
                    help="worker 1 kills itself (SIGKILL) before this training step: a lost peer")
     args = p.parse_args()
@@ -47,8 +49,27 @@ def main() -> int:
     else:
         import keras
 
+    import tensorflow as tf
+
+    class TokensAndPositions(keras.layers.Layer):
+        """keras-io's TokenAndPositionEmbedding: looked-up tokens plus learned positions (``range``)."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.tokens, self.positions = keras.layers.Embedding(20, 4), keras.layers.Embedding(6, 4)
+
+        def call(self, x):
+            return self.tokens(x) + self.positions(tf.range(6))[None]
+
+    def optimizer():
+        return eval("keras.optimizers." + args.optimizer, {"keras": keras})  # a test's own expression
+
     def build():
         keras.utils.set_random_seed(0)
+        if args.model == "tokens":  # token and learned position lookups: sparse gradients of both kinds
+            tokens = keras.Input((6,), dtype="int32")
+            hidden = TokensAndPositions()(tokens)
+            return keras.Model(tokens, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(hidden)))
         regulariser = keras.regularizers.L2(0.01) if args.activity else None
         layers = [keras.Input((6,)), keras.layers.Dense(16, activation="tanh", activity_regularizer=regulariser)]
         if args.model == "bn":
@@ -57,14 +78,15 @@ def main() -> int:
         return keras.Sequential(layers)
 
     rng = np.random.RandomState(0)
-    x = rng.rand(args.samples, 6).astype("float32")
-    y = np.stack([x.sum(1), x[:, 0] - x[:, 1]], axis=1).astype("float32")
+    x = rng.randint(0, 20, (args.samples, 6)).astype("int32") if args.model == "tokens" else \
+        rng.rand(args.samples, 6).astype("float32")
+    y = np.stack([x.sum(1), x[:, 0] - x[:, 1]], axis=1).astype("float32") / (20.0 if args.model == "tokens" else 1.0)
     weights = rng.rand(args.samples).astype("float32") + 0.5 if args.sample_weight else None
     ratios = "auto" if args.ratios == "auto" else [float(r) for r in args.ratios.split(":")]
 
     template = build()
     parallel = harness.parallelize(template, cluster, ratios=ratios, emulate=args.emulate)
-    parallel.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    parallel.compile(optimizer=optimizer(), loss="mse")
     callbacks = []
     if args.die_at_step is not None and cluster.index == 1:
         import signal
@@ -89,7 +111,7 @@ def main() -> int:
                                       "evaluate": float(evaluated)}), flush=True)
         return 0
     single = build()
-    single.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    single.compile(optimizer=optimizer(), loss="mse")
     reference = single.fit(x, y, sample_weight=weights, batch_size=args.batch, epochs=args.epochs, verbose=0,
                            shuffle=False)
     deviation = max(float(np.max(np.abs(a - b))) for a, b in zip(template.get_weights(), single.get_weights()))

@@ -5,7 +5,9 @@ for its first device set, so whichever trained second aborted with "Shape
 mismatch in the collective instance 100" (issue 16). The bad case is
 reproduced by giving harness' strategy the stock key base: the same script then
 fails. On CPU devices harness' strategies sum through one device (no collective
-keys at all); the scripts force TensorFlow's collectives, what GPUs use.
+keys at all); the scripts force TensorFlow's collectives, what GPUs use, and
+harness' models compile a custom loss, so their replicas gather the whole
+batch's predictions through a collective.
 """
 
 import importlib.util
@@ -37,10 +39,13 @@ def stock():
         model.compile(optimizer="sgd", loss="mse")
     return model.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
 
+def custom_mse(y_true, y_pred):  # not a Keras built-in: the replicas gather the whole batch's predictions
+    return tf.reduce_mean(tf.square(y_true - y_pred), axis=-1)
+
 def ours(count):
     parallel = harness.parallelize(build(8 * count), devices[:count], method="mirrored",
                                    ratios=list(range(1, count + 1)))
-    parallel.compile(optimizer="sgd", loss="mse")
+    parallel.compile(optimizer="sgd", loss=custom_mse)
     return parallel.fit(x, y, batch_size=16, epochs=2, verbose=0).history["loss"][-1]
 
 runs = [stock, lambda: ours(2), lambda: ours(3)]

@@ -62,3 +62,55 @@ def test_whole_zoo_conforms(logical_devices, generation, name):
     rows = zoo.run_zoo([name], keras=generation, devices=logical_devices[:3])
     assert [(r.method, r.split) for r in rows] == [(m, s) for m in zoo.METHODS for s in SPLITS]
     _assert_conforms(rows, must_refuse=entry.must_refuse)
+
+
+# -- the optimizer axis (issue 30): every built-in optimizer x the options people train with ------------
+
+def _axis_fast(generation: str) -> list[tuple[str, str, str]]:
+    from harness.bench.zoo import optimizers
+
+    fast = list(optimizers.FAST)
+    if generation == "2":  # Keras 2 (no gradient_accumulation_steps): a third of them
+        fast = [c for c in fast if (c[1] in ("adam", "sgd", "nadam") or c[0] == "causal_lm") and c[2] != "accumulation"]
+    return fast
+
+
+AXIS_FAST = [(g, *case) for g in zoo.GENERATIONS for case in _axis_fast(g)]
+AXIS_WHOLE = [(g, model, optimizer) for g in zoo.GENERATIONS for model in ("mlp", "causal_lm")
+              for optimizer in ("sgd", "sgd_nesterov", "adam", "adam_amsgrad", "adamw", "adamax", "nadam", "rmsprop",
+                                "rmsprop_centered", "adagrad", "adadelta", "adafactor", "ftrl", "lion", "lamb", "muon",
+                                "schedule_free_adamw")]
+
+
+def _axis_rows(generation, model, optimizer, option=None, methods=zoo.METHODS, devices=None, splits=("3:2",)):
+    """The axis' rows of one model and optimizer (one option, or all); [] where it has no such case, which
+    must then be one this Keras lacks or cannot train on one device (``UPSTREAM``)."""
+    from harness.bench.zoo import optimizers
+
+    k = _keras(generation)
+    rows = zoo.run_optimizer_axis([model], [optimizer], [option] if option else None, methods=list(methods),
+                                  splits=list(splits), keras=generation, devices=devices)
+    if not rows:
+        lacking = not any(optimizers.applicable(k, optimizer, o) for o in ([option] if option else optimizers.OPTIONS))
+        upstream = generation == "3" and (model, optimizer) in {(m, o) for m, o, _ in optimizers.UPSTREAM}
+        assert lacking or upstream, f"no case of {model} {optimizer} {option or ''} on Keras {generation}"
+    return rows
+
+
+@pytest.mark.parametrize(("generation", "model", "optimizer", "option"), AXIS_FAST,
+                         ids=[f"keras{g}-{m}-{o}-{p}" for g, m, o, p in AXIS_FAST])
+def test_optimizer_axis_fast_subset_conforms(logical_devices, generation, model, optimizer, option):
+    rows = _axis_rows(generation, model, optimizer, option, devices=logical_devices[:2])
+    assert [(r.method, r.optimizer) for r in rows] == [(m, f"{optimizer}/{option}") for m in zoo.METHODS]
+    _assert_conforms(rows)
+    if generation == "2" and optimizer == "nadam":  # tf_keras' Nadam drifts under mirrored: refused by name
+        assert rows[1].status.startswith("refused: tf_keras.optimizers.Nadam"), zoo.text_table(rows)
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize(("generation", "model", "optimizer"), AXIS_WHOLE,
+                         ids=[f"keras{g}-{m}-{o}" for g, m, o in AXIS_WHOLE])
+def test_whole_optimizer_axis_conforms(logical_devices, generation, model, optimizer):
+    rows = _axis_rows(generation, model, optimizer, devices=logical_devices[:2])
+    if rows:  # else: a case this Keras does not have (asserted in _axis_rows)
+        _assert_conforms(rows)

@@ -3,7 +3,9 @@
 ``CATALOG`` holds the models (``keras.applications`` backbones and keras-io examples, see
 ``harness.bench.zoo.applications`` and ``harness.bench.zoo.keras_io``); ``run_zoo`` checks each model x
 method x split with ``harness.compare_training`` and returns one ``ZooRow`` per case, which
-``text_table``, ``markdown`` and ``to_json`` print. ``harness check --zoo`` is the command line.
+``text_table``, ``markdown`` and ``to_json`` print. ``run_optimizer_axis`` checks the optimizer axis
+(``harness.bench.zoo.optimizers``: every built-in optimizer x the options people train with, on a
+dense model and a causal language model). ``harness check --zoo`` is the command line.
 Importing this package does not import TensorFlow or Keras.
 
 Example:
@@ -17,8 +19,20 @@ Example:
 from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, keras_module, select
 from harness.bench.zoo.entry import ZooEntry
 from harness.bench.zoo.render import markdown, summary, text_table, to_json
-from harness.bench.zoo.runner import KINDS, METHODS, SPLITS, ZooRow, count, kind_of, run_case, run_zoo, status_of_error
+from harness.bench.zoo.runner import (
+    KINDS,
+    METHODS,
+    SPLITS,
+    ZooRow,
+    count,
+    kind_of,
+    run_case,
+    run_optimizer_axis,
+    run_zoo,
+    status_of_error,
+)
 
 __all__ = ["CATALOG", "NAMES", "GENERATIONS", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
-           "keras_module", "run_zoo", "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
+           "keras_module", "run_zoo", "run_optimizer_axis",
+           "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
            "to_json", "summary"]

@@ -20,12 +20,13 @@ def math_of(k) -> SimpleNamespace:
     if is_keras3(k):
         ops = k.ops
         return SimpleNamespace(arange=ops.arange, shape=ops.shape, stop_gradient=ops.stop_gradient, sqrt=ops.sqrt,
-                               sum=ops.sum, square=ops.square, maximum=ops.maximum, mean=ops.mean, cast=ops.cast)
+                               sum=ops.sum, square=ops.square, maximum=ops.maximum, mean=ops.mean, cast=ops.cast,
+                               broadcast_to=ops.broadcast_to)
     import tensorflow as tf
 
     return SimpleNamespace(arange=tf.range, shape=tf.shape, stop_gradient=tf.stop_gradient, sqrt=tf.sqrt,
                            sum=tf.reduce_sum, square=tf.square, maximum=tf.maximum, mean=tf.reduce_mean,
-                           cast=tf.cast)
+                           cast=tf.cast, broadcast_to=tf.broadcast_to)
 
 
 @cache
@@ -50,6 +51,14 @@ def classes_of(k) -> SimpleNamespace:
         def get_config(self):
             return {**super().get_config(), "maxlen": self.maxlen, "vocab_size": self.vocab_size,
                     "embed_dim": self.embed_dim}
+
+    class TokenAndPositionIds(TokenAndPositionEmbedding):
+        """As ``TokenAndPositionEmbedding``, with one position id per token: ``arange`` broadcast to the
+        batch's shape, so the position lookup's indices have the batch dimension (GPT-style models)."""
+
+        def call(self, x):
+            positions = m.broadcast_to(m.arange(0, m.shape(x)[-1], 1)[None, :], m.shape(x))
+            return self.token_emb(x) + self.pos_emb(positions)
 
     class TransformerBlock(k.layers.Layer):
         """keras-io "Text classification with Transformer": attention, feed-forward, two LayerNorms."""
@@ -118,7 +127,8 @@ def classes_of(k) -> SimpleNamespace:
         def get_config(self):
             return {"name": self.name, "classes": self.classes}
 
-    return SimpleNamespace(TokenAndPositionEmbedding=TokenAndPositionEmbedding, TransformerBlock=TransformerBlock,
+    return SimpleNamespace(TokenAndPositionEmbedding=TokenAndPositionEmbedding, TokenAndPositionIds=TokenAndPositionIds,
+                           TransformerBlock=TransformerBlock,
                            EuclideanDistance=EuclideanDistance, ResidualMLP=ResidualMLP,
                            TemperatureClassifier=TemperatureClassifier, ClippedStep=_clipped_step_class(k))
 

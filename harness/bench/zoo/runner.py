@@ -12,6 +12,7 @@ error from Keras), drift, or a model that must be refused (its own ``train_step`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import re
 import time
@@ -25,7 +26,8 @@ from harness.bench.zoo.entry import ZooEntry, is_keras3
 from harness.equivalence import VERDICTS
 from harness.parallel import METHODS as PARALLEL_METHODS
 
-__all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_case", "status_of_error", "kind_of", "count"]
+__all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_optimizer_axis", "run_case", "status_of_error",
+           "kind_of", "count"]
 
 SPLITS: dict[str, tuple[int, ...]] = {"even": (1, 1), "3:2": (3, 2), "5:3:2": (5, 3, 2)}
 METHODS = PARALLEL_METHODS
@@ -51,6 +53,7 @@ class ZooRow:
     reference_parallel: float | None = None  # the parallel run's distance from float64
     reference_exact: float | None = None  # the parallel model in float64 vs one device in float64 (not run if exact)
     seconds: float = 0.0
+    optimizer: str = ""  # the optimizer axis' "optimizer/option" (``harness.bench.zoo.optimizers``); "" elsewhere
 
     @property
     def failed(self) -> bool:
@@ -95,23 +98,70 @@ def run_zoo(
     """
     entries = select(names, keras, fast_only)
     splits = list(SPLITS) if splits is None else list(splits)
+    _check(methods, splits)
+    k = keras_module(keras)
+    return _run([(e, "") for e in entries], k, keras, methods, splits, _devices(devices, _needed(splits)),
+                reference, tol, progress)
+
+
+def run_optimizer_axis(
+    models: Sequence[str] | None = None,
+    optimizers: Sequence[str] | None = None,
+    options: Sequence[str] | None = None,
+    methods: Sequence[str] = METHODS,
+    splits: Sequence[str] = ("3:2",),
+    keras: str = "3",
+    fast_only: bool = False,
+    reference: str | None = "float64",
+    progress: Callable[[ZooRow, int, int], None] | None = None,
+    devices: Sequence[str] | None = None,
+    tol: float = 1e-6,
+) -> list[ZooRow]:
+    """Checks the optimizer axis (``harness.bench.zoo.optimizers``) against one device: every axis model x
+    optimizer x option that Keras ``keras`` has, x method x split; each row's ``optimizer`` names its
+    ``optimizer/option``. Arguments as ``run_zoo``'s; ``models``, ``optimizers`` and ``options`` default to all.
+
+    Raises:
+        ValueError: unknown names, methods or splits; a Keras generation not installed; too few devices.
+
+    Example:
+        >>> rows = run_optimizer_axis(["causal_lm"], ["adam"], ["global_clipnorm"], splits=["5:3:2"])
+    """
+    from harness.bench.zoo import optimizers as axis
+
+    splits = list(splits)
+    _check(methods, splits)
+    k = keras_module(keras)
+    found = axis.cases(k, models, optimizers, options, fast_only)
+    return _run([(case.entry, case.label) for case in found], k, keras, methods, splits,
+                _devices(devices, _needed(splits)), reference, tol, progress)
+
+
+def _check(methods: Sequence[str], splits: Sequence[str]) -> None:
     bad = [m for m in methods if m not in METHODS] + [s for s in splits if s not in SPLITS]
     if bad:
         raise ValueError(f"unknown methods or splits {bad}; methods {list(METHODS)}, splits {list(SPLITS)}")
-    k = keras_module(keras)
-    needed = max((len(SPLITS[s]) for s in splits), default=1)
-    devices = _devices(devices, needed)
+
+
+def _needed(splits: Sequence[str]) -> int:
+    return max((len(SPLITS[s]) for s in splits), default=1)
+
+
+def _run(entries: Sequence[tuple[ZooEntry, str]], k, keras: str, methods: Sequence[str], splits: Sequence[str],
+         devices: list[str], reference: str | None, tol: float,
+         progress: Callable[[ZooRow, int, int], None] | None) -> list[ZooRow]:
+    """Each ``(entry, optimizer label)`` x method x split, one row each, in order."""
     total = len(entries) * len(methods) * len(splits)
     rows: list[ZooRow] = []
-    for entry in entries:
+    for entry, label in entries:
         kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
         for method in methods:
             for split in splits:
                 row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
                                single_runs=kept)
-                rows.append(row)
+                rows.append(dataclasses.replace(row, optimizer=label) if label else row)
                 if progress is not None:
-                    progress(row, len(rows), total)
+                    progress(rows[-1], len(rows), total)
     return rows
 
 

@@ -143,6 +143,10 @@ class Adapter:
         """Creates the optimizer's slots for ``variables`` now (a no-op once built)."""
         raise NotImplementedError
 
+    def optimizer_refusal(self, optimizer, method: str) -> str | None:
+        """Why ``optimizer`` cannot step a ``method`` model exactly, or None."""
+        return None
+
     def first_call_builds(self, model, train_function):
         """``train_function``, or one that first builds what Keras would build in its first trace."""
         return train_function
@@ -162,7 +166,7 @@ class Adapter:
             ValueError: Keras cannot clone ``template`` (the reason included).
         """
         try:
-            with strategy.scope():
+            with strategy.scope(), self._global_policy(template):
                 replica = self._clone(template, sync_batchnorm)
                 replica.set_weights(template.get_weights())
         except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
@@ -172,6 +176,22 @@ class Adapter:
                 f"cloning {template.name!r} ({type(template).__name__}) failed: {err}"
             ) from err
         return replica
+
+    @contextlib.contextmanager
+    def _global_policy(self, template):
+        """Keras' global dtype policy set to ``template``'s while it is cloned: a layer's ``__init__`` creates its
+        sublayers under the global policy, as it did when the template was built under it (a Keras 2 model
+        built under mixed_float16 and cloned under float32 added float32 to float16)."""
+        policy = getattr(getattr(template, "dtype_policy", None), "name", None)
+        current = self.k.mixed_precision.global_policy().name
+        if policy is None or policy == current:
+            yield
+            return
+        self.k.mixed_precision.set_global_policy(policy)
+        try:
+            yield
+        finally:
+            self.k.mixed_precision.set_global_policy(current)
 
     def _clone(self, template, sync_batchnorm: bool):
         """``template`` cloned (in the current scope), nested models included."""

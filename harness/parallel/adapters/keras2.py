@@ -190,6 +190,18 @@ class Keras2Adapter(Adapter):
         if hasattr(optimizer, "build"):  # the legacy optimizers have none
             optimizer.build(variables)
 
+    def optimizer_refusal(self, optimizer, method: str) -> str | None:
+        # tf_keras 2.13-2.21's Nadam caches its u_product behind a Python counter that tracing advances
+        # (nadam.py, _u_product_counter): updating each mirrored copy of every variable traces its step
+        # once per device, and the cache then answers for the wrong step (mirrored, 2 devices: 6.5e-02
+        # from one device after 8 steps; NaN in float64).
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        if method == "mirrored" and isinstance(inner, self.k.optimizers.Nadam):
+            return (f"{self.k.__name__}.optimizers.Nadam keeps a Python-side counter of its u_product updates "
+                    "(_u_product_counter) that each device's update of a mirrored variable advances: it drifts "
+                    "under method='mirrored' (as under a stock MirroredStrategy). Use method='towers', or Adam")
+        return None
+
     # -- mirrored -------------------------------------------------------------------------------------
     def _clone(self, template, sync_batchnorm: bool):
         k, sync_class = self.k, self.sync_batchnorm_class
