@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from importlib import metadata
 
 __all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
-           "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs", "callback_class"]
+           "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs", "callback_class",
+           "copy_optimizer", "new_optimizer"]
 
 
 class Keras2NotSupported(RuntimeError):
@@ -164,3 +165,26 @@ def callback_class(public: type, mixin: type, k) -> type:
         return public
     return type(public.__name__, (mixin, k.callbacks.Callback),
                 {"__doc__": public.__doc__, "__module__": public.__module__})
+
+
+def copy_optimizer(optimizer):
+    """A new optimizer with ``optimizer``'s settings (from its config), made in the current scope.
+
+    A loss-scaling wrapper's inner optimizer is copied by its own class and wrapped again:
+    tf_keras 2.13-2.21's ``LossScaleOptimizer.from_config`` deserialises some inner optimizers
+    (``Adafactor``) to a string, then refuses it.
+    """
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None:
+        return optimizer.__class__.from_config(optimizer.get_config())
+    config = {key: value for key, value in optimizer.get_config().items() if key != "inner_optimizer"}
+    return optimizer.__class__(copy_optimizer(inner), **config)
+
+
+def new_optimizer(optimizer, k):
+    """A new optimizer of Keras module ``k`` from a name, an optimizer (copied) or a factory (called)."""
+    if callable(optimizer) and not isinstance(optimizer, k.optimizers.Optimizer):
+        return optimizer()
+    if isinstance(optimizer, k.optimizers.Optimizer):
+        return copy_optimizer(optimizer)
+    return k.optimizers.get(optimizer)

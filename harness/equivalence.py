@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.compat import releasing_traced_graphs
+from harness.compat import new_optimizer, releasing_traced_graphs
 
 __all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "assert_equivalent", "relative_deviation",
            "REFERENCES", "VERDICTS"]
@@ -230,15 +230,6 @@ def _length(data) -> int:
     return len(tf.nest.flatten(data)[0])
 
 
-def _fresh_optimizer(optimizer, keras):
-    """A new optimizer of the models' Keras (``keras`` 3 or a Keras 2 module)."""
-    if callable(optimizer) and not isinstance(optimizer, keras.optimizers.Optimizer):
-        return optimizer()
-    if isinstance(optimizer, keras.optimizers.Optimizer):
-        return optimizer.__class__.from_config(optimizer.get_config())
-    return keras.optimizers.get(optimizer)
-
-
 def _fresh_metrics(metrics, keras):
     """Metric objects copied per model: one instance compiled into two models shares its state."""
 
@@ -401,7 +392,7 @@ def compare_training(
         sample_weight=sample_weight, class_weight=class_weight,
     )
     def compiled(model):
-        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=loss, loss_weights=loss_weights,
+        model.compile(optimizer=new_optimizer(optimizer, keras), loss=loss, loss_weights=loss_weights,
                       metrics=_fresh_metrics(metrics, keras), **_jit_argument(jit_compile, keras))
         return model
 
@@ -732,7 +723,7 @@ def _compile_float64(model, *, keras, keras2: bool, optimizer, loss, loss_weight
     optimizer's learning rate when it makes them. ``slots_first``: a single-device model's optimizer
     slots built now (a parallel model builds them itself)."""
     with _float64_policy(keras, keras2):
-        model.compile(optimizer=_fresh_optimizer(optimizer, keras), loss=_float64_loss(loss, keras, keras2),
+        model.compile(optimizer=new_optimizer(optimizer, keras), loss=_float64_loss(loss, keras, keras2),
                       loss_weights=loss_weights, metrics=_fresh_metrics(metrics, keras),
                       **_jit_argument(jit_compile, keras))
         if slots_first:

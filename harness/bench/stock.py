@@ -111,16 +111,25 @@ def keras(template, devices, ratios=None):
     Raises:
         ValueError: ``ratios`` that are not even (the stock strategy splits evenly).
     """
-    from harness.compat import keras_module_of
+    from harness.compat import copy_optimizer, keras_module_of
     from harness.parallel.collective import stock_strategy_for
 
     if ratios is not None and len({float(r) for r in ratios}) > 1:
         raise ValueError(f"the stock MirroredStrategy splits every batch evenly; got ratios={list(ratios)}")
     k = keras_module_of(template)
-    with stock_strategy_for(tuple(devices)).scope():
+    strategy = stock_strategy_for(tuple(devices))
+    with strategy.scope():
         model = k.models.clone_model(template)
         model.set_weights(template.get_weights())
-    fit = model.fit
+    fit, compile_model = model.fit, model.compile
+
+    def compile_in_scope(*args, optimizer="rmsprop", **kwargs):
+        # As a user of a strategy does: the optimizer made in its scope (one made outside is a copy from its
+        # config), or Keras refuses to mix the strategies.
+        with strategy.scope():
+            if isinstance(optimizer, k.optimizers.Optimizer):
+                optimizer = copy_optimizer(optimizer)
+            return compile_model(*args, optimizer=optimizer, **kwargs)
 
     def fit_then_copy(*args, **kwargs):
         try:
@@ -128,5 +137,5 @@ def keras(template, devices, ratios=None):
         finally:
             template.set_weights(model.get_weights())
 
-    model.fit = fit_then_copy
+    model.fit, model.compile = fit_then_copy, compile_in_scope
     return model

@@ -70,7 +70,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=20, help="global batch size (default 20)")
     p.add_argument("--samples", type=int, default=62,
                    help="training samples; 62 at batch 20 ends on a partial batch of 2 (default 62)")
-    p.add_argument("--optimizer", default="sgd", help="Keras optimizer name (default sgd)")
+    p.add_argument("--optimizer", default="sgd", metavar="NAME[:KEY=VALUE,...]",
+                   help="Keras optimizer name and settings, e.g. adam:global_clipnorm=0.05,learning_rate=0.01 "
+                        "(default sgd)")
     p.add_argument("--tol", type=float, default=1e-6, help="largest accepted deviation (default 1e-6)")
     p.add_argument("--time-steps", type=int, default=20, metavar="N",
                    help="timed training steps per method, 0 to skip timing (default 20)")
@@ -193,36 +195,87 @@ def _across_workers(args) -> int:
     return 1 if failed else 0
 
 
+def optimizer_factory(spec: str):
+    """A factory of new Keras 3 optimizers from ``NAME`` or ``NAME:key=value,...`` (``adam:global_clipnorm=0.05``).
+
+    Raises:
+        ValueError: a value that is not a Python literal, or a setting without ``=``.
+    """
+    import ast
+
+    name, _, settings = spec.partition(":")
+    config = {}
+    for item in filter(None, (part.strip() for part in settings.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--optimizer settings are key=value pairs; got {item!r} in --optimizer {spec!r}")
+        try:
+            config[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError) as err:
+            raise ValueError(f"--optimizer setting {key.strip()}={value.strip()!r} is not a number, True/False or "
+                             f"None (in --optimizer {spec!r})") from err
+
+    def make():
+        import keras
+
+        return keras.optimizers.get({"class_name": name.strip(), "config": config} if config else name.strip())
+
+    make.__name__ = spec
+    return make
+
+
 def _equivalence(args, devices, ratios) -> list[dict]:
-    from harness.bench import stock
+    import keras
+
+    from harness.bench import stock, stock_drift
     from harness.bench.workloads import small
     from harness.equivalence import compare_training
 
+    optimizer = optimizer_factory(args.optimizer)
+    optimizer()  # a bad name or setting fails here, before any training
     _say(args, f"\n{'model':<10} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
     rows = []
     for name in args.models:
-        x, y, sw = small.make_data(name, args.samples)
-        for method in args.methods:
+        data = small.make_data(name, args.samples)
+        build = functools.partial(small.build, name)
+
+        def compare(method, optimizer=optimizer, samples=args.samples, batch_size=args.batch_size, data=data,
+                    build=build):
+            x, y, sw = (None if d is None else d[:samples] for d in data)
             baseline = method == "keras"  # even split, stock loss scaling: measured, not judged
+            return compare_training(
+                build, x, y, devices=devices, ratios=None if baseline else ratios,
+                method=stock.keras if baseline else method, batch_size=batch_size, optimizer=optimizer,
+                loss=small.loss(), metrics=["accuracy"], sample_weight=sw)
+
+        for method in args.methods:
+            baseline = method == "keras"
             try:
-                report = compare_training(
-                    functools.partial(small.build, name), x, y, devices=devices, ratios=None if baseline else ratios,
-                    method=stock.keras if baseline else method, batch_size=args.batch_size,
-                    optimizer=args.optimizer, loss=small.loss(), metrics=["accuracy"], sample_weight=sw,
-                )
+                report = compare(method)
             except Exception as err:  # noqa: BLE001  the stock baseline's own failure is its result
                 if not baseline:
                     raise
                 line = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:160]}"
+                cause = stock_drift.fit_failure(err, optimizer, keras, samples=args.samples,
+                                                batch_size=args.batch_size, replicas=len(devices))
                 rows.append({"model": name, "method": method, "passed": True, "baseline": True, "exact": False,
-                             "error": line})
-                _say(args, f"{name:<10} {method:<9} {'-':>10} {'-':>10}  stock fit fails: {line}")
+                             "error": line, "cause": cause})
+                _say(args, f"{name:<10} {method:<9} {'-':>10} {'-':>10}  stock fit fails: "
+                           f"{cause + ': ' if cause else ''}{line}")
                 continue
             ok = report.is_equivalent(args.tol)
-            rows.append({"model": name, "method": method, "max_deviation": report.max_deviation,
-                         "max_loss_deviation": report.max_loss_deviation, "steps": report.steps,
-                         "passed": ok or baseline, "baseline": baseline, "exact": ok})
-            verdict = "ok" if ok else "drifts (stock baseline, even split)" if baseline else "FAIL"
+            row = {"model": name, "method": method, "max_deviation": report.max_deviation,
+                   "max_loss_deviation": report.max_loss_deviation, "steps": report.steps,
+                   "passed": ok or baseline, "baseline": baseline, "exact": ok}
+            verdict = "ok" if ok else "FAIL"
+            if baseline and not ok:  # why stock Keras differs, each cause measured (harness.bench.stock_drift)
+                drift = stock_drift.explain(
+                    lambda **changes: compare("keras", **changes).max_deviation, build, optimizer,
+                    samples=args.samples, batch_size=args.batch_size, replicas=len(devices),
+                    deviation=report.max_deviation, tol=args.tol)
+                row["drift"] = drift.to_json()
+                verdict = f"stock baseline, even split: {drift.text()}"
+            rows.append(row)
             _say(args, f"{name:<10} {method:<9} {report.max_deviation:>10.2e} {report.max_loss_deviation:>10.2e}  "
                        f"{verdict}")
             if not ok:
@@ -231,8 +284,6 @@ def _equivalence(args, devices, ratios) -> list[dict]:
 
 
 def _timings(args, devices, ratios) -> list[dict]:
-    import keras
-
     from harness.bench.measure import time_train_steps
     from harness.bench.workloads import small
     from harness.parallel import parallelize
@@ -248,7 +299,7 @@ def _timings(args, devices, ratios) -> list[dict]:
             model = small.build(name)
             if method != "single":
                 model = parallelize(model, devices, ratios=ratios, method=method)
-            model.compile(optimizer=keras.optimizers.get(args.optimizer), loss=small.loss())
+            model.compile(optimizer=optimizer_factory(args.optimizer)(), loss=small.loss())
             times[method] = time_train_steps(model, x, y, batch_size=args.time_batch, steps=args.time_steps)
         row = {"model": name, **{f"{m}_ms": t.median * 1e3 for m, t in times.items()},
                **{f"{m}_spread": t.spread for m, t in times.items()}}

@@ -7,6 +7,11 @@ split is ``--ratios`` if given, else the devices' own measured single-device
 speeds; the tuned split is ``harness tune``'s for the same global batch (each
 device profiled alone: memory ceiling, step-time curve; ``--no-tune`` skips it).
 
+The stock rows (``--no-stock`` leaves them out) are plain Keras on the first device and Keras ``fit``
+under a stock MirroredStrategy on the even split; the latter's status also says how far stock
+training lands from one device on this workload (two whole batches, its own optimizer) and, where
+it drifts, why, each cause measured by taking it away (``harness.bench.stock_drift``).
+
 With no arguments on a machine without GPUs it replays seed 000's story (docs/background.md) on two
 emulated devices (a GTX 1080 Ti at 1345 samples/s and a GTX 1080 at 875): even
 split vs ratio split at the seed's global batch of 1388.
@@ -138,8 +143,12 @@ def run(args) -> int:
             used = [i for i, b in enumerate(split) if b > 0]  # the tuned split may leave a slow device out
             emulate = None if setup.emulate is None else tuple(setup.emulate[i] for i in used)
             if stock and name == "even" and n > 1:
-                measure("even keras", RunConfig(args.model, size, "keras", setup.devices, tuple(split),
-                                                emulate=setup.emulate, **common), total)
+                done = measure("even keras", RunConfig(args.model, size, "keras", setup.devices, tuple(split),
+                                                       emulate=setup.emulate, **common), total)
+                if done["status"] == "complete":  # how far stock training lands from one device, and why
+                    rows[-1]["fidelity"] = stock_fidelity(args.model, size, batch, setup.devices)
+                    out.say(f"  stock Keras vs one device: {fidelity_text(rows[-1]['fidelity'])}")
+                    out.save()
             for method in args.methods:
                 config = RunConfig(args.model, size, method if len(used) > 1 else "single",
                                    tuple(setup.devices[i] for i in used), tuple(split[i] for i in used),
@@ -326,13 +335,48 @@ def versus_stock(rows: list[dict]) -> list[dict]:
             for row, base in pairs if base is not None and by_label.get(row) and by_label.get(base)]
 
 
+def stock_fidelity(model: str, size: str, batch: int, devices) -> dict:
+    """How far the stock baseline's training lands from one device on this workload: two whole batches of its
+    data, its optimizer and loss, the stock MirroredStrategy's even split over ``devices`` (their emulated speed
+    does not matter here); where it drifts, the causes, each measured (``harness.bench.stock_drift``)."""
+    from harness.bench import stock, stock_drift, workloads
+    from harness.equivalence import compare_training
+
+    workload, samples, tol = workloads.get(model), 2 * batch, 1e-6
+    x, y = workload.make_data(size, samples)
+
+    def build():
+        return workload.build(size)
+
+    def measure(optimizer=workload.optimizer, samples=samples, batch_size=batch):
+        return compare_training(build, x[:samples], y[:samples], devices=list(devices), method=stock.keras,
+                                batch_size=batch_size, optimizer=optimizer, loss=workload.loss()).max_deviation
+
+    deviation = measure()
+    if deviation <= tol:
+        return {"deviation": deviation, "causes": [], "unexplained": None}
+    return stock_drift.explain(measure, build, workload.optimizer, samples=samples, batch_size=batch,
+                               replicas=len(devices), deviation=deviation, tol=tol).to_json()
+
+
+def fidelity_text(fidelity: dict) -> str:
+    """``exact (2.3e-08 from one device)``, or the drift and its causes (``StockDrift.text``)."""
+    from harness.bench.stock_drift import Cause, StockDrift
+
+    if fidelity["deviation"] <= 1e-6:
+        return f"exact ({fidelity['deviation']:.1e} from one device)"
+    causes = tuple(Cause(c["what"], c["remaining"]) for c in fidelity["causes"])
+    return StockDrift(fidelity["deviation"], causes, fidelity["unexplained"]).text()
+
+
 def _status(row: dict) -> str:
     from harness.bench.runner import host_bound
 
     if row["status"] != "complete":
         return f"{row['status']}: {row['error']}"
     bound = host_bound(row)
-    return "ok" if not bound else "HOST-BOUND: " + ", ".join(_short(d["device"]) for d in bound)
+    status = "ok" if not bound else "HOST-BOUND: " + ", ".join(_short(d["device"]) for d in bound)
+    return status if "fidelity" not in row else f"{status}; stock Keras {fidelity_text(row['fidelity'])}"
 
 
 def _median(row: dict):

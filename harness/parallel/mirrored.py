@@ -3,8 +3,10 @@
 Keras ``fit`` under a strategy scales every replica's mean loss by
 ``1/num_replicas`` whatever its sample count, so uneven splits train a
 different model. Here each replica's loss is exactly its slice's share of the
-whole batch's, so the gradient each replica sends to the all-reduce is its
-slice's share of the single-device gradient, for any split:
+whole batch's, so the gradient each replica returns is its slice's share of the
+single-device gradient, for any split; summed on the merge device, they are the
+whole batch's, on which the optimizer steps once, outside the replicas, as on one
+device (docs/design.md, "Optimizer steps"):
 
 - where the compiled loss decomposes over samples (Keras built-in losses with
   the ``sum_over_batch_size`` reduction, no mask on the outputs:
@@ -25,6 +27,7 @@ import functools
 
 import tensorflow as tf
 
+from harness.compat import copy_optimizer
 from harness.parallel import slicing, sparse
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
@@ -84,7 +87,7 @@ class Mirrored(ParallelModel):
             )
         with self.strategy.scope():
             if isinstance(optimizer, k.optimizers.Optimizer):
-                optimizer = optimizer.__class__.from_config(optimizer.get_config())
+                optimizer = copy_optimizer(optimizer)
             else:
                 optimizer = k.optimizers.get(optimizer)
         refused = self._adapter.optimizer_refusal(optimizer, self.method.value)
@@ -108,15 +111,12 @@ class Mirrored(ParallelModel):
         """The whole batch's gradients on the merge device from the replicas' (``strategy.run``'s): dense ones
         summed, sparse ones given the single device's rows (``sparse.join``)."""
         out = []
-        with tf.device(self.merge_device):
-            for g in grads:
-                parts = None if g is None else [_replica(self.strategy, g, i) for i in range(len(self.devices))]
-                if parts is None:
-                    out.append(None)
-                elif isinstance(parts[0], sparse.Rows):
-                    out.append(sparse.join(parts))
-                else:
-                    out.append(tf.add_n(parts))
+        for g in grads:
+            if isinstance(g, sparse.Rows):
+                with tf.device(self.merge_device):
+                    out.append(sparse.join([_replica(self.strategy, g, i) for i in range(len(self.devices))]))
+            else:
+                out.append(None if g is None else self._sum_replicas(g))
         return out
 
     def _distribute(self, x):

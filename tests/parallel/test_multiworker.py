@@ -4,7 +4,8 @@ Each worker runs tests/parallel/multiworker_worker.py: the same model and global
 ``parallelize(model, harness.use_cluster(), ratios)``; the chief also trains on one device and
 reports the largest weight deviation. Uneven splits over workers with different device counts
 (1+2, 2+1+1: towers inside a worker), partial last batches (one smaller than the device count
-too), BatchNormalization and sample weights, Keras 3 and Keras 2; and a worker killed mid-training.
+too), BatchNormalization and sample weights, optimizer options (clipping, accumulation, EMA) and
+sparse gradients, Keras 3 and Keras 2; and a worker killed mid-training.
 """
 
 import io
@@ -44,8 +45,15 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
     (2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"]),
     (2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"]),  # the split tuned while it trains
+    # Issue 30: optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
+    (2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"]),
+    (2, None, ["dense", "3:1", "62", "20", "--optimizer",
+               "SGD(0.1, clipvalue=0.01, use_ema=True, ema_overwrite_frequency=3, gradient_accumulation_steps=2)"]),
+    (2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"]),  # sparse rows
+    (2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)", "--keras2"]),
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
-        "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200"])
+        "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200", "2w-1+2-global-clipnorm", "2w-clip-ema-accumulation",
+        "2w-2+1-tokens-clipnorm", "2w-2+1-keras2-tokens-clipnorm"])
 def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path, logical_devices):
     if "--keras2" in args:
         pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")

@@ -80,6 +80,20 @@ def test_loss_scaling_steps_as_on_one_device(logical_devices, any_keras):
     assert report.is_equivalent(1e-6), report.table()
 
 
+def test_an_optimizer_instance_is_copied_for_each_model(logical_devices, any_keras):
+    """``compare_training`` and mirrored's ``compile`` copy an optimizer instance from its config; tf_keras 2.21's
+    ``LossScaleOptimizer.from_config`` turns an inner Adafactor into a string and refuses it (harness copies the
+    inner optimizer by its own class)."""
+    k = any_keras
+    wrapper = k.optimizers.LossScaleOptimizer if hasattr(k, "ops") else k.mixed_precision.LossScaleOptimizer
+    instance = wrapper(k.optimizers.Adafactor(0.01, clipnorm=0.5))
+    x, y = _data()
+    report = harness.compare_training(lambda: _mlp(k), x, y, devices=logical_devices[:2], ratios=[3, 2],
+                                      method="mirrored", batch_size=16, epochs=2, optimizer=instance,
+                                      loss=k.losses.SparseCategoricalCrossentropy())
+    assert report.is_equivalent(1e-6), report.table()
+
+
 def test_clipping_each_replica_again_is_caught(logical_devices, keras3, monkeypatch):
     """The planted defect: each replica's partial gradient clipped before the sum, as Keras does under a
     strategy. The same comparison must fail, far beyond rounding."""

@@ -158,3 +158,37 @@ def test_json_has_no_nan_and_marks_failures():
     assert [r["failed"] for r in data["rows"]] == [False, True, False, False, False]
     assert data["rows"][1]["max_deviation"] is None
     assert data["rows"][3]["reference_parallel"] == 1.2e-5
+
+
+# -- the optimizer axis (issue 30) ------------------------------------------------------------------------
+
+def test_the_optimizer_axis_holds_every_built_in_optimizer_of_each_generation(keras3, keras2):
+    """Every optimizer class either Keras exports (but the wrappers, checked as options) is on the axis, and
+    every axis optimizer exists in at least one generation; each option applies somewhere."""
+    from harness.bench.zoo import optimizers
+
+    wrappers = {"Optimizer", "LossScaleOptimizer", "MultiOptimizer", "OptimizerMap"}
+    for k in (keras3, keras2):
+        exported = {n for n in dir(k.optimizers) if n[0].isupper() and n not in wrappers
+                    and isinstance(getattr(k.optimizers, n), type)}
+        assert exported <= {spec.cls for spec in optimizers.OPTIMIZERS.values()}, k.__name__
+    for name in optimizers.OPTIMIZERS:
+        assert optimizers.applicable(keras3, name, "plain") or optimizers.applicable(keras2, name, "plain"), name
+    for option in optimizers.OPTIONS:
+        assert optimizers.applicable(keras3, "adam", option), option
+    assert not optimizers.applicable(keras2, "adam", "accumulation")  # tf_keras has no accumulation
+    assert {m for m, _, _ in optimizers.FAST} == set(optimizers.MODELS)
+
+
+def test_the_optimizer_axis_names_what_it_does_not_know(keras3):
+    from harness.bench.zoo import optimizers
+
+    with pytest.raises(ValueError, match=r"unknown model 'nope', optimizer 'adamx', option 'clip'; models \["):
+        optimizers.cases(keras3, ["nope"], ["adamx"], ["clip"])
+    found = optimizers.cases(keras3, ["mlp"], ["adam"], ["clipnorm", "loss_scale"])
+    assert [c.label for c in found] == ["adam/clipnorm", "adam/loss_scale"]
+    made = found[0].entry.optimizer(keras3)
+    assert type(made).__name__ == "Adam" and made.clipnorm == 0.05
+    assert type(found[1].entry.optimizer(keras3)).__name__ == "LossScaleOptimizer"
+    assert [c.label for c in optimizers.cases(keras3, ["causal_lm"], ["rmsprop_centered"])] == []  # UPSTREAM
+    assert not optimizers.cases(keras3, ["mlp"], ["muon"], ["schedule"])[0].float64  # NO_FLOAT64

@@ -100,8 +100,8 @@ def run_zoo(
     splits = list(SPLITS) if splits is None else list(splits)
     _check(methods, splits)
     k = keras_module(keras)
-    return _run([(e, "") for e in entries], k, keras, methods, splits, _devices(devices, _needed(splits)),
-                reference, tol, progress)
+    return _run([(e, "", reference) for e in entries], k, keras, methods, splits,
+                _devices(devices, _needed(splits)), tol, progress)
 
 
 def run_optimizer_axis(
@@ -133,8 +133,8 @@ def run_optimizer_axis(
     _check(methods, splits)
     k = keras_module(keras)
     found = axis.cases(k, models, optimizers, options, fast_only)
-    return _run([(case.entry, case.label) for case in found], k, keras, methods, splits,
-                _devices(devices, _needed(splits)), reference, tol, progress)
+    return _run([(case.entry, case.label, reference if case.float64 else None) for case in found], k, keras,
+                methods, splits, _devices(devices, _needed(splits)), tol, progress)
 
 
 def _check(methods: Sequence[str], splits: Sequence[str]) -> None:
@@ -147,13 +147,13 @@ def _needed(splits: Sequence[str]) -> int:
     return max((len(SPLITS[s]) for s in splits), default=1)
 
 
-def _run(entries: Sequence[tuple[ZooEntry, str]], k, keras: str, methods: Sequence[str], splits: Sequence[str],
-         devices: list[str], reference: str | None, tol: float,
+def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, methods: Sequence[str],
+         splits: Sequence[str], devices: list[str], tol: float,
          progress: Callable[[ZooRow, int, int], None] | None) -> list[ZooRow]:
-    """Each ``(entry, optimizer label)`` x method x split, one row each, in order."""
+    """Each ``(entry, optimizer label, reference)`` x method x split, one row each, in order."""
     total = len(entries) * len(methods) * len(splits)
     rows: list[ZooRow] = []
-    for entry, label in entries:
+    for entry, label, reference in entries:
         kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
         for method in methods:
             for split in splits:
