@@ -77,7 +77,9 @@ def _axis_fast(generation: str) -> list[tuple[str, str, str]]:
 
     fast = list(optimizers.FAST)
     if generation == "2":  # Keras 2 (no gradient_accumulation_steps): a third of them
-        fast = [c for c in fast if (c[1] in ("adam", "sgd", "nadam") or c[0] == "causal_lm") and c[2] != "accumulation"]
+        fast = [c for c in fast if c[2] != "accumulation" and ((c[0] == "mlp" and c[1] in ("adam", "sgd", "nadam"))
+                                                             or c in (("causal_lm", "adam", "clipnorm"),
+                                                                      ("causal_lm", "adam", "mixed_float16")))]
     return fast
 
 

@@ -67,3 +67,18 @@ def test_ratio_split_on_two_gpus_trains_exactly(gpu_devices, method):
                               batch_size=16, epochs=2, optimizer="sgd", loss=small.loss(), jit_compile=False,
                               reference="float64")
     assert report.verdict(1e-6) != "FAIL", f"on {devices}: {report.summary()}\n{report.table()}"
+
+
+AXIS_GPU = [("mlp", "adam", "global_clipnorm"), ("mlp", "sgd", "clipnorm"), ("mlp", "adam", "accumulation"),
+            ("mlp", "sgd", "ema"), ("mlp", "adam", "mixed_float16"), ("causal_lm", "adam", "plain"),
+            ("causal_lm", "adam", "clipnorm"), ("causal_lm", "lion", "plain")]
+
+
+@pytest.mark.parametrize(("model", "optimizer", "option"), AXIS_GPU, ids=["-".join(c) for c in AXIS_GPU])
+def test_optimizer_axis_conforms_on_gpus(gpu_devices, model, optimizer, option):
+    """Issue 30: the optimizer steps once on the whole gradient on GPUs too (NCCL sums where TensorFlow picks it)."""
+    devices = _devices_for("3:2", gpu_devices)
+    _keras("3")
+    rows = zoo.run_optimizer_axis([model], [optimizer], [option], keras="3", devices=devices)
+    assert [r.optimizer for r in rows] == [f"{optimizer}/{option}"] * len(zoo.METHODS)
+    _assert_conforms(rows)

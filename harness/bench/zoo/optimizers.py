@@ -186,14 +186,16 @@ NO_FLOAT64: tuple[tuple[str, str, str], ...] = (
      "cast: a float64 model fails (Input 'y' of 'Mul' Op has type float64 that does not match type float32)"),
 )
 
-#: the default suite's cases: each optimizer plain on the dense model, each option with Adam on both
-#: models and with SGD on the dense one, and the sparse-sensitive optimizers on the language model
+#: the default suite's cases: each optimizer plain on the dense model, each option with Adam on it and the
+#: gradient-side ones with SGD, and on the language model Adam with the gradient-side options and the
+#: row-sensitive optimizers plain
 FAST: tuple[tuple[str, str, str], ...] = (
     tuple(("mlp", name, "plain") for name in OPTIMIZERS)
     + tuple(("mlp", "adam", option) for option in OPTIONS if option != "plain")
     + tuple(("mlp", "sgd", option) for option in ("clipnorm", "clipvalue", "global_clipnorm", "accumulation", "ema"))
-    + tuple(("causal_lm", "adam", option) for option in OPTIONS)
-    + tuple(("causal_lm", name, "plain") for name in ("rmsprop", "adagrad", "lion", "sgd"))
+    + tuple(("causal_lm", "adam", option) for option in ("plain", "clipnorm", "global_clipnorm", "accumulation",
+                                                          "ema", "mixed_float16"))
+    + tuple(("causal_lm", name, "plain") for name in ("rmsprop", "adagrad", "lion"))
     + (("causal_lm", "sgd", "clipnorm"),)
 )
 
