@@ -124,8 +124,9 @@ def keras(template, devices, ratios=None):
     fit, compile_model = model.fit, model.compile
 
     def compile_in_scope(*args, optimizer="rmsprop", **kwargs):
-        # As a user of a strategy does: the optimizer made in its scope (one made outside is a copy from its
-        # config), or Keras refuses to mix the strategies.
+        # As a user of a stock strategy does: the optimizer made in its scope (one made outside is copied from
+        # its config there), or Keras refuses to mix the strategies. Stock Keras steps the optimizer in each
+        # replica, so its variables must be the strategy's (adopting one made outside drifted 1.0 under Adam).
         with strategy.scope():
             if isinstance(optimizer, k.optimizers.Optimizer):
                 optimizer = copy_optimizer(optimizer)

@@ -27,7 +27,6 @@ import functools
 
 import tensorflow as tf
 
-from harness.compat import copy_optimizer
 from harness.parallel import slicing, sparse
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
@@ -85,14 +84,13 @@ class Mirrored(ParallelModel):
                 "method='mirrored' supports mean-reduced losses ('sum_over_batch_size', 'mean', 'auto'); got "
                 f"loss={loss!r} with reduction='sum'. Use method='towers' for sum-reduced losses"
             )
-        with self.strategy.scope():
-            if isinstance(optimizer, k.optimizers.Optimizer):
-                optimizer = copy_optimizer(optimizer)
-            else:
-                optimizer = k.optimizers.get(optimizer)
+        optimizer = k.optimizers.get(optimizer)  # a name made an optimizer; an optimizer taken as it is
         refused = self._adapter.optimizer_refusal(optimizer, self.method.value)
         if refused:
             raise ValueError(refused)
+        # The user's own optimizer, with all its settings (a copy from its config would lose what the config
+        # leaves out, such as exclude_from_weight_decay), stepping this strategy's mirrored variables.
+        self._adapter.adopt_optimizer(optimizer, self.strategy)
         super().compile(optimizer, loss, *args, **kwargs)
         with self.strategy.scope():
             self._adapter.build_optimizer(self.optimizer, self.core.trainable_variables)

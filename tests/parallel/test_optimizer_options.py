@@ -94,6 +94,43 @@ def test_an_optimizer_instance_is_copied_for_each_model(logical_devices, any_ker
     assert report.is_equivalent(1e-6), report.table()
 
 
+def _excluding_biases(k):
+    optimizer = k.optimizers.AdamW(0.01, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])  # kept outside the optimizer's config
+    return optimizer
+
+
+def _two_optimizers(k):  # Keras 3.15: one optimizer per variable, chosen by a function (not serialisable)
+    return k.optimizers.MultiOptimizer(lambda v: k.optimizers.Adam(0.01, global_clipnorm=0.1)
+                                       if "kernel" in v.path else k.optimizers.SGD(0.1, clipnorm=0.05))
+
+
+def _own_optimizer(k):
+    class SignMomentum(k.optimizers.Optimizer):
+        """A user's own optimizer: a sign step on a momentum, with the base class' options."""
+
+        def build(self, variables):
+            super().build(variables)
+            self.momenta = [self.add_variable_from_reference(v, "momentum") for v in variables]
+
+        def update_step(self, gradient, variable, learning_rate):
+            m = self.momenta[self._get_variable_index(variable)]
+            self.assign(m, 0.9 * m + gradient)
+            self.assign_sub(variable, k.ops.cast(learning_rate, variable.dtype) * k.ops.sign(m))
+
+    return SignMomentum(0.01, clipnorm=0.05, gradient_accumulation_steps=2, use_ema=True, ema_overwrite_frequency=2)
+
+
+@pytest.mark.parametrize("make", [_excluding_biases, _two_optimizers, _own_optimizer],
+                         ids=["exclude_from_weight_decay", "MultiOptimizer", "own-optimizer"])
+def test_the_users_own_optimizer_object_steps_the_mirrored_model(logical_devices, keras3, make):
+    """Mirrored steps the optimizer it was compiled with (adopted for its strategy), not a copy from its config:
+    a copy lost ``exclude_from_weight_decay`` (4.0e-04 from one device) and could not serialise a
+    ``MultiOptimizer``'s function."""
+    report = _compare(keras3, logical_devices[:3], make, "mirrored", [5, 3, 2])
+    assert report.is_equivalent(1e-6), report.table()
+
+
 def test_clipping_each_replica_again_is_caught(logical_devices, keras3, monkeypatch):
     """The planted defect: each replica's partial gradient clipped before the sum, as Keras does under a
     strategy. The same comparison must fail, far beyond rounding."""

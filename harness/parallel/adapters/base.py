@@ -143,6 +143,31 @@ class Adapter:
         """Creates the optimizer's slots for ``variables`` now (a no-op once built)."""
         raise NotImplementedError
 
+    @staticmethod
+    def optimizers_in(optimizer) -> list:
+        """``optimizer`` and the optimizers it wraps (a loss-scaling wrapper's inner one, Keras 3.15's
+        ``MultiOptimizer``'s)."""
+        found, stack = [], [optimizer]
+        while stack:
+            current = stack.pop()
+            found.append(current)
+            inner = getattr(current, "inner_optimizer", None)
+            stack += ([inner] if inner is not None else []) + list(getattr(current, "optimizers", None) or [])
+        return found
+
+    def adopt_optimizer(self, optimizer, strategy) -> None:
+        """Makes ``optimizer`` (and the optimizers it wraps) step the variables of ``strategy``, whatever scope it was
+        made in: the strategy it updates variables through (``extended.update``) and creates its slots with.
+
+        Keras 3.0-3.15's TFOptimizer and tf_keras 2.13-2.21's optimizers keep the strategy current when they
+        were made as ``_distribution_strategy``; the slots are made when the optimizer is built, in
+        ``strategy``'s scope. Variables made with the optimizer (its step counter) stay single-device: the
+        step applies the optimizer outside the replicas (docs/design.md, "Optimizer steps").
+        """
+        for each in self.optimizers_in(optimizer):
+            if hasattr(each, "_distribution_strategy"):
+                each._distribution_strategy = strategy
+
     def optimizer_refusal(self, optimizer, method: str) -> str | None:
         """Why ``optimizer`` cannot step a ``method`` model exactly, or None."""
         return None
