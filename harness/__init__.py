@@ -1,13 +1,14 @@
 """harness: exact ratio-split data parallelism for Keras, and the harness that proves it.
 
-Only pure-Python pieces are imported eagerly; anything that needs TensorFlow
-is loaded on first use, so ``import harness`` and ``harness --help`` stay fast.
+Only pure-Python pieces are imported eagerly (``split_batch``, the exceptions of ``harness.errors``);
+anything that needs TensorFlow is loaded on first use, so ``import harness`` and ``harness --help`` stay fast.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from harness.errors import Failed, HarnessError, InvalidType, InvalidValue, NotSupported, Refused, Unavailable
 from harness.split import split_batch
 
 __version__ = "0.1.0"
@@ -26,6 +27,13 @@ __all__ = [
     "step_watchdog",
     "use_cluster",
     "BackupAndRestore",
+    "HarnessError",
+    "InvalidValue",
+    "InvalidType",
+    "Unavailable",
+    "Failed",
+    "Refused",
+    "NotSupported",
 ]
 
 _LAZY = {

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from harness.errors import InvalidValue
+
 __all__ = ["DEVICES_VARIABLE", "worker_slice", "tf_config", "free_ports", "parse_address", "dumps",
            "from_kubernetes", "from_slurm", "slurm_hostnames", "Cluster", "read_tf_config"]
 
@@ -33,13 +35,13 @@ def parse_address(address: str) -> tuple[str, int]:
         ValueError: naming the address: no port, a port that is not an int in 1..65535, no host.
     """
     if not isinstance(address, str):
-        raise ValueError(f"a worker address is 'host:port'; got {address!r}")
+        raise InvalidValue(f"a worker address is 'host:port'; got {address!r}")
     host, sep, port = address.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host:
-        raise ValueError(f"a worker address is 'host:port'; got {address!r}")
+        raise InvalidValue(f"a worker address is 'host:port'; got {address!r}")
     if not port.isdecimal() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"the port of worker address {address!r} must be an int in 1..65535; got {port!r}")
+        raise InvalidValue(f"the port of worker address {address!r} must be an int in 1..65535; got {port!r}")
     return host, int(port)
 
 
@@ -56,15 +58,15 @@ def tf_config(workers: Sequence[str], index: int) -> dict:
     """
     workers = list(workers)
     if not workers:
-        raise ValueError("a cluster needs at least one worker; got workers=[]")
+        raise InvalidValue("a cluster needs at least one worker; got workers=[]")
     for address in workers:
         parse_address(address)
     repeated = sorted({a for a in workers if workers.count(a) > 1})
     if repeated:
-        raise ValueError(f"each worker needs its own address; repeated: {repeated}")
+        raise InvalidValue(f"each worker needs its own address; repeated: {repeated}")
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(workers):
-        raise ValueError(f"the worker index must be an int in 0..{len(workers) - 1} ({len(workers)} workers); "
-                         f"got {index!r}")
+        raise InvalidValue(f"the worker index must be an int in 0..{len(workers) - 1} ({len(workers)} workers); "
+                           f"got {index!r}")
     return {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
 
 
@@ -100,21 +102,21 @@ def _env_int(environ: Mapping[str, str], name: str, hint: str) -> int:
     """``environ[name]`` as an int >= 0; a ValueError naming the variable (and ``hint``) otherwise."""
     value = environ.get(name)
     if value is None:
-        raise ValueError(f"{name} is not set; {hint}")
+        raise InvalidValue(f"{name} is not set; {hint}")
     if not value.strip().isdecimal():
-        raise ValueError(f"{name} must be an int >= 0; got {name}={value!r}")
+        raise InvalidValue(f"{name} must be an int >= 0; got {name}={value!r}")
     return int(value)
 
 
 def _check_count(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+        raise InvalidValue(f"{name} must be an int >= 1; got {value!r}")
     return value
 
 
 def _check_port(port: object) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"the port must be an int in 1..65535; got {port!r}")
+        raise InvalidValue(f"the port must be an int in 1..65535; got {port!r}")
     return port
 
 
@@ -152,21 +154,21 @@ def from_kubernetes(environ: Mapping[str, str], *, workers: int, service: str, p
     if job is None:
         job = environ.get("JOB_NAME")
         if not job:
-            raise ValueError("JOB_NAME is not set and no job name was given (--job): name the Indexed Job")
+            raise InvalidValue("JOB_NAME is not set and no job name was given (--job): name the Indexed Job")
     if not isinstance(job, str) or not _DNS_LABEL.fullmatch(job):
-        raise ValueError(f"the job name must be a DNS label (lower-case letters, digits and '-'); got {job!r}")
+        raise InvalidValue(f"the job name must be a DNS label (lower-case letters, digits and '-'); got {job!r}")
     if len(f"{job}-{workers - 1}") > 63:  # the longest pod hostname, the last worker's
-        raise ValueError(f"the pod hostname {job}-{workers - 1} of job {job!r} is longer than a DNS label "
-                         "(63 characters): shorten the job name")
+        raise InvalidValue(f"the pod hostname {job}-{workers - 1} of job {job!r} is longer than a DNS label "
+                           "(63 characters): shorten the job name")
     labels = service.split(".") if isinstance(service, str) else [service]
     if not all(isinstance(label, str) and _DNS_LABEL.fullmatch(label) for label in labels):
-        raise ValueError(f"the service must be a DNS name (its labels: lower-case letters, digits and '-'); "
-                         f"got {service!r}")
+        raise InvalidValue(f"the service must be a DNS name (its labels: lower-case letters, digits and '-'); "
+                           f"got {service!r}")
     index = _env_int(environ, "JOB_COMPLETION_INDEX",
                      "is this an Indexed Job's pod (spec.completionMode: Indexed)?")
     if index >= workers:
-        raise ValueError(f"JOB_COMPLETION_INDEX={index} is not below workers={workers}: "
-                         "the Job's completions must equal the number of workers")
+        raise InvalidValue(f"JOB_COMPLETION_INDEX={index} is not below workers={workers}: "
+                           "the Job's completions must equal the number of workers")
     return tf_config([f"{job}-{i}.{service}:{port}" for i in range(workers)], index)
 
 
@@ -180,11 +182,11 @@ def slurm_hostnames(nodelist: str) -> list[str]:
         done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                               timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise ValueError(f"cannot expand the node list {nodelist!r}: scontrol did not run ({err})") from err
+        raise InvalidValue(f"cannot expand the node list {nodelist!r}: scontrol did not run ({err})") from err
     hosts = done.stdout.split()
     if done.returncode != 0 or not hosts:
-        raise ValueError(f"cannot expand the node list {nodelist!r}: scontrol show hostnames exited "
-                         f"{done.returncode}: {done.stderr.strip()!r}")
+        raise InvalidValue(f"cannot expand the node list {nodelist!r}: scontrol show hostnames exited "
+                           f"{done.returncode}: {done.stderr.strip()!r}")
     return hosts
 
 
@@ -216,17 +218,17 @@ def from_slurm(environ: Mapping[str, str], *, port: int,
     tasks = _env_int(environ, "SLURM_STEP_NUM_TASKS", hint)
     nodelist = environ.get("SLURM_STEP_NODELIST")
     if not nodelist:
-        raise ValueError(f"SLURM_STEP_NODELIST is not set; {hint}")
+        raise InvalidValue(f"SLURM_STEP_NODELIST is not set; {hint}")
     hosts = list((hostnames or slurm_hostnames)(nodelist))
     if len(hosts) != tasks:
-        raise ValueError(f"one task per node: SLURM_STEP_NUM_TASKS={tasks} but SLURM_STEP_NODELIST={nodelist!r} "
-                         f"has {len(hosts)} nodes {hosts}; run srun --ntasks-per-node=1")
+        raise InvalidValue(f"one task per node: SLURM_STEP_NUM_TASKS={tasks} but SLURM_STEP_NODELIST={nodelist!r} "
+                           f"has {len(hosts)} nodes {hosts}; run srun --ntasks-per-node=1")
     if index >= tasks:
-        raise ValueError(f"SLURM_PROCID={index} is not below SLURM_STEP_NUM_TASKS={tasks}")
+        raise InvalidValue(f"SLURM_PROCID={index} is not below SLURM_STEP_NUM_TASKS={tasks}")
     node = environ.get("SLURMD_NODENAME")
     if node and hosts[index] != node:
-        raise ValueError(f"SLURMD_NODENAME={node!r} but task SLURM_PROCID={index} is host {hosts[index]!r} of "
-                         f"SLURM_STEP_NODELIST={nodelist!r}: run srun --ntasks-per-node=1 with block distribution")
+        raise InvalidValue(f"SLURMD_NODENAME={node!r} but task SLURM_PROCID={index} is host {hosts[index]!r} of "
+                           f"SLURM_STEP_NODELIST={nodelist!r}: run srun --ntasks-per-node=1 with block distribution")
     return tf_config([f"{host}:{port}" for host in hosts], index)
 
 
@@ -277,19 +279,19 @@ def read_tf_config(environ: Mapping[str, str] | None = None) -> dict:
     environ = os.environ if environ is None else environ
     text = environ.get("TF_CONFIG")
     if not text:
-        raise ValueError("TF_CONFIG is not set: start the workers with `harness launch --workers N -- ...` "
-                         "(or the Kubernetes/Slurm recipes, docs/multiworker.md), which set it for each worker")
+        raise InvalidValue("TF_CONFIG is not set: start the workers with `harness launch --workers N -- ...` "
+                           "(or the Kubernetes/Slurm recipes, docs/multiworker.md), which set it for each worker")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"TF_CONFIG is not JSON ({err}): {text!r}") from None
+        raise InvalidValue(f"TF_CONFIG is not JSON ({err}): {text!r}") from None
     workers = (config.get("cluster") or {}).get("worker") if isinstance(config, dict) else None
     task = config.get("task") if isinstance(config, dict) else None
     if not isinstance(workers, list) or not workers:
-        raise ValueError(f"TF_CONFIG names no workers (cluster.worker): {text!r}")
+        raise InvalidValue(f"TF_CONFIG names no workers (cluster.worker): {text!r}")
     if not isinstance(task, dict) or task.get("type") != "worker":
-        raise ValueError(f"TF_CONFIG's task must be a worker (harness clusters have workers only): {text!r}")
+        raise InvalidValue(f"TF_CONFIG's task must be a worker (harness clusters have workers only): {text!r}")
     index = task.get("index")
     if isinstance(index, bool) or not isinstance(index, int):
-        raise ValueError(f"TF_CONFIG's task index must be an int; got {index!r}: {text!r}")
+        raise InvalidValue(f"TF_CONFIG's task index must be an int; got {index!r}: {text!r}")
     return tf_config(workers, index)  # checks the addresses and the index

@@ -24,13 +24,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
+from harness.errors import Refused
+
 __all__ = ["KerasFlavour", "keras_flavour", "flavour_of", "Keras2NotSupported", "is_keras2_model",
            "keras_module_of", "keras_module_name", "set_random_seed", "releasing_traced_graphs", "callback_class",
            "copy_optimizer", "new_optimizer"]
 
 
-class Keras2NotSupported(RuntimeError):
-    """Raised where a harness feature needs Keras 3 and the environment's models are Keras 2."""
+class Keras2NotSupported(Refused, RuntimeError):
+    """Raised where a harness feature needs Keras 3 and the model is a Keras 2 one: harness' own refusal
+    (``Refused(reason, message)``; a ``RuntimeError`` too, as it always was)."""
 
 
 @dataclass(frozen=True)

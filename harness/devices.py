@@ -11,6 +11,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.errors import Failed, InvalidType, InvalidValue
+
 __all__ = [
     "DeviceLayout",
     "use_logical_devices",
@@ -92,10 +94,10 @@ def use_logical_devices(
         ['/device:CPU:0', '/device:CPU:1']
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be an int >= 1; got count={count!r}")
+        raise InvalidValue(f"count must be an int >= 1; got count={count!r}")
     kind = str(device_type).upper()
     if kind not in ("CPU", "GPU"):
-        raise ValueError(f"device_type must be 'CPU' or 'GPU'; got device_type={device_type!r}")
+        raise InvalidValue(f"device_type must be 'CPU' or 'GPU'; got device_type={device_type!r}")
     limits = _check_limits(kind, count, memory_limits_mb)
 
     import tensorflow as tf
@@ -105,7 +107,7 @@ def use_logical_devices(
         tf.config.threading.set_inter_op_parallelism_threads(max(current, int(inter_op_threads)))
     physical = tf.config.list_physical_devices(kind)
     if not physical:
-        raise ValueError(f"no physical {kind} device to split; TensorFlow sees none")
+        raise InvalidValue(f"no physical {kind} device to split; TensorFlow sees none")
     configs = [tf.config.LogicalDeviceConfiguration(memory_limit=m) for m in limits]
     try:
         tf.config.set_logical_device_configuration(physical[0], configs)
@@ -113,7 +115,7 @@ def use_logical_devices(
         current = [d.name for d in tf.config.list_logical_devices(kind)]
         if len(current) == count:
             return current  # the same layout was set up earlier in this process
-        raise RuntimeError(
+        raise Failed(
             f"TensorFlow is already initialised with {len(current)} logical {kind} device(s) "
             f"{current}; use_logical_devices({count}) must run before any TensorFlow op. "
             "Call it first in the process (or run each device layout in its own process)."
@@ -147,10 +149,10 @@ def gpu_memory_limit_mb(total_mib: int, processes: int, devices: int) -> int:
     """
     for name, value in (("total_mib", total_mib), ("processes", processes), ("devices", devices)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1; got {name}={value!r}")
+            raise InvalidValue(f"{name} must be an int >= 1; got {name}={value!r}")
     limit = (int(total_mib * GPU_MEMORY_SHARE) // processes - GPU_CONTEXT_MIB) // devices
     if limit < MIN_LOGICAL_GPU_MIB:
-        raise ValueError(
+        raise InvalidValue(
             f"a {total_mib} MiB GPU shared by {processes} process(es), each splitting it into {devices} logical GPUs, "
             f"leaves {max(limit, 0)} MiB per logical GPU; at least {MIN_LOGICAL_GPU_MIB} MiB is needed: "
             "run fewer processes (pytest -n) or make fewer logical GPUs"
@@ -194,17 +196,17 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
     """
     for name, value in (("cpus", cpus), ("split_gpus", split_gpus)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "cpus" else 0):
-            raise ValueError(f"{name} must be an int >= {1 if name == 'cpus' else 0}; got {name}={value!r}")
+            raise InvalidValue(f"{name} must be an int >= {1 if name == 'cpus' else 0}; got {name}={value!r}")
     limit = gpu_memory_limit_mb
     if split_gpus and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
-        raise ValueError(f"gpu_memory_limit_mb must be a positive int (MiB) when split_gpus > 0; "
-                         f"got gpu_memory_limit_mb={limit!r}")
+        raise InvalidValue(f"gpu_memory_limit_mb must be a positive int (MiB) when split_gpus > 0; "
+                           f"got gpu_memory_limit_mb={limit!r}")
 
     import tensorflow as tf
 
     physical = tf.config.list_physical_devices("GPU")
     if split_gpus and not physical:
-        raise ValueError(f"no physical GPU to split into {split_gpus} logical GPUs; TensorFlow sees none")
+        raise InvalidValue(f"no physical GPU to split into {split_gpus} logical GPUs; TensorFlow sees none")
     wanted_gpus = split_gpus + len(physical) - 1 if split_gpus else len(physical)
     try:
         tf.config.set_logical_device_configuration(
@@ -220,7 +222,7 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
         have_gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
         if len(have_cpus) != cpus or len(have_gpus) != wanted_gpus:
             split = f", GPU 0 as {split_gpus} logical GPUs" if split_gpus else ""
-            raise RuntimeError(
+            raise Failed(
                 f"TensorFlow is already initialised with CPU devices {have_cpus} and GPU devices {have_gpus}; "
                 f"the layout ({cpus} logical CPUs{split}) must be set up before any TensorFlow op. "
                 "Set it up first in the process (or run each device layout in its own process)."
@@ -236,11 +238,11 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
 def _check_limits(kind: str, count: int, memory_limits_mb: Sequence[int] | None) -> list[int | None]:
     if memory_limits_mb is None:
         if kind == "GPU":
-            raise ValueError("memory_limits_mb is required for logical GPUs (one limit per device, in MiB)")
+            raise InvalidValue("memory_limits_mb is required for logical GPUs (one limit per device, in MiB)")
         return [None] * count
     limits: list[int | None] = list(memory_limits_mb)
     if len(limits) != count or any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in limits):
-        raise ValueError(
+        raise InvalidValue(
             f"memory_limits_mb must hold {count} positive ints (MiB); got memory_limits_mb={memory_limits_mb!r}"
         )
     return limits
@@ -266,21 +268,21 @@ def resolve_devices(devices: int | Sequence[str | int]) -> list[str]:
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
     if isinstance(devices, bool):
-        raise TypeError(f"devices must be an int or a list of device names; got devices={devices!r}")
+        raise InvalidType(f"devices must be an int or a list of device names; got devices={devices!r}")
     if isinstance(devices, int):
         pool, kind = (gpus, "GPU") if gpus else (cpus, "CPU")
         if devices < 1 or devices > len(pool):
-            raise ValueError(
+            raise InvalidValue(
                 f"devices={devices} asks for {devices} {kind}s but this machine has {len(pool)}: {pool}"
             )
         return pool[:devices]
     if isinstance(devices, str) or not isinstance(devices, Sequence):
-        raise TypeError(f"devices must be an int or a list of device names; got devices={devices!r}")
+        raise InvalidType(f"devices must be an int or a list of device names; got devices={devices!r}")
     if not devices:
-        raise ValueError("devices must name at least one device; got devices=[]")
+        raise InvalidValue("devices must name at least one device; got devices=[]")
     names = [_canonical(d, gpus, cpus) for d in devices]
     if len(set(names)) != len(names):
-        raise ValueError(f"devices must not repeat a device; got devices={list(devices)!r}")
+        raise InvalidValue(f"devices must not repeat a device; got devices={list(devices)!r}")
     return names
 
 
@@ -288,13 +290,13 @@ def _canonical(device: str | int, gpus: list[str], cpus: list[str]) -> str:
     if isinstance(device, int) and not isinstance(device, bool):
         device = f"GPU:{device}"
     if not isinstance(device, str):
-        raise TypeError(f"a device must be a name like '/gpu:0' or a GPU id; got {device!r}")
+        raise InvalidType(f"a device must be a name like '/gpu:0' or a GPU id; got {device!r}")
     match = _DEVICE_RE.match(device.strip())
     if not match:
-        raise ValueError(f"malformed device name {device!r}; expected e.g. '/gpu:0' or '/cpu:1'")
+        raise InvalidValue(f"malformed device name {device!r}; expected e.g. '/gpu:0' or '/cpu:1'")
     kind, index = match.group(1).upper(), int(match.group(2))
     pool = gpus if kind == "GPU" else cpus
     name = f"/device:{kind}:{index}"
     if not any(p.endswith(f"device:{kind}:{index}") for p in pool):
-        raise ValueError(f"unknown device {device!r}: this process has {kind} devices {pool}")
+        raise InvalidValue(f"unknown device {device!r}: this process has {kind} devices {pool}")
     return name

@@ -45,6 +45,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from harness.errors import InvalidValue
+
 __all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "Event", "HOST_BOUND_SHARE", "add_zero",
            "host_bound_text"]
 
@@ -65,13 +67,13 @@ class EmulatedDevice:
 
     def __post_init__(self):
         if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
-            raise ValueError(f"emulated rate must be a positive number of samples/s; got rate={self.rate!r}")
+            raise InvalidValue(f"emulated rate must be a positive number of samples/s; got rate={self.rate!r}")
         if self.max_batch is not None and (isinstance(self.max_batch, bool) or int(self.max_batch) != self.max_batch
                                            or self.max_batch < 0):
-            raise ValueError(f"emulated MAXBATCH must be an int >= 0; got max_batch={self.max_batch!r}")
+            raise InvalidValue(f"emulated MAXBATCH must be an int >= 0; got max_batch={self.max_batch!r}")
         if not (isinstance(self.overhead_ms, (int, float)) and math.isfinite(self.overhead_ms)
                 and self.overhead_ms >= 0):
-            raise ValueError(f"emulated OVERHEAD_MS must be a number >= 0; got overhead_ms={self.overhead_ms!r}")
+            raise InvalidValue(f"emulated OVERHEAD_MS must be a number >= 0; got overhead_ms={self.overhead_ms!r}")
 
     def __str__(self) -> str:
         return (f"{self.rate:g} sps" + (f" + {self.overhead_ms:g} ms/step" if self.overhead_ms else "")
@@ -101,17 +103,17 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
     entries = [spec] if isinstance(spec, str) else list(spec)
     items = [part for entry in entries for part in str(entry).split(",")]
     if not items or any(not part.strip() for part in items):
-        raise ValueError(f"--emulate wants RATE[:MAXBATCH[:OVERHEAD_MS]] entries separated by commas; got {spec!r}")
+        raise InvalidValue(f"--emulate wants RATE[:MAXBATCH[:OVERHEAD_MS]] entries separated by commas; got {spec!r}")
     devices = []
     for part in items:
         match = _ENTRY.match(part)
         if not match:
-            raise ValueError(f"--emulate entry must be RATE[:MAXBATCH[:OVERHEAD_MS]]; got {part.strip()!r}")
+            raise InvalidValue(f"--emulate entry must be RATE[:MAXBATCH[:OVERHEAD_MS]]; got {part.strip()!r}")
         rate_text, max_text, overhead_text = match.groups()
         try:
             rate = float(rate_text)
         except ValueError:
-            raise ValueError(
+            raise InvalidValue(
                 f"emulated rate must be a number of samples/s; got {rate_text!r} in {part.strip()!r}"
             ) from None
         max_batch = None
@@ -119,7 +121,7 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
             try:
                 max_batch = int(max_text)
             except ValueError:
-                raise ValueError(
+                raise InvalidValue(
                     f"emulated MAXBATCH must be an integer; got {max_text!r} in {part.strip()!r}"
                 ) from None
         overhead = 0.0
@@ -127,7 +129,7 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
             try:
                 overhead = float(overhead_text)
             except ValueError:
-                raise ValueError(
+                raise InvalidValue(
                     f"emulated OVERHEAD_MS must be a number of milliseconds; got {overhead_text!r} in {part.strip()!r}"
                 ) from None
         devices.append(EmulatedDevice(rate, max_batch, overhead))
@@ -228,7 +230,7 @@ class Emulator:
     def set_rate(self, device: str, rate: float) -> None:
         """Changes an emulated device's speed from its next step on (a card that throttles or recovers)."""
         if device not in self.devices:
-            raise ValueError(f"{device!r} is not an emulated device; emulated: {sorted(self.devices)}")
+            raise InvalidValue(f"{device!r} is not an emulated device; emulated: {sorted(self.devices)}")
         old = self.devices[device]
         self.devices[device] = EmulatedDevice(rate, old.max_batch, old.overhead_ms)
 
@@ -384,7 +386,7 @@ def emulator_for(emulate, devices: Sequence[str]) -> Emulator | None:
         return emulate
     specs = parse_emulate(emulate) if isinstance(emulate, str) else tuple(emulate)
     if len(specs) != len(devices) or not all(isinstance(s, EmulatedDevice) for s in specs):
-        raise ValueError(
+        raise InvalidValue(
             f"emulate needs one EmulatedDevice (or RATE[:MAXBATCH] entry) per device; got {len(specs)} for "
             f"{len(devices)} devices {list(devices)}: {emulate!r}"
         )

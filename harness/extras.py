@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from harness.errors import Unavailable
+
 __all__ = ["MissingExtra", "require"]
 
 
-class MissingExtra(RuntimeError):
+class MissingExtra(Unavailable):
     """An optional dependency is not installed; the message names the extra that installs it."""
 
 

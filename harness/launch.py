@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from harness.cluster import DEVICES_VARIABLE, dumps, free_ports, tf_config
+from harness.errors import InvalidValue
 
 __all__ = ["launch", "LaunchResult", "TIMEOUT_STATUS", "INTERRUPT_STATUS", "DEVICES_VARIABLE", "device_counts"]
 
@@ -52,9 +53,9 @@ def device_counts(counts: Sequence[int] | None, workers: int) -> list[int] | Non
     counts = list(counts)
     for count in counts:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"a worker's device count must be an int >= 1; got {count!r} in {counts}")
+            raise InvalidValue(f"a worker's device count must be an int >= 1; got {count!r} in {counts}")
     if len(counts) not in (1, workers):
-        raise ValueError(f"give one device count for every worker or one per worker ({workers}); got {counts}")
+        raise InvalidValue(f"give one device count for every worker or one per worker ({workers}); got {counts}")
     return counts * workers if len(counts) == 1 else counts
 
 
@@ -142,13 +143,13 @@ def launch(
     """
     command = list(command)
     if not command:
-        raise ValueError("harness launch needs a command to run; got none (put it after --)")
+        raise InvalidValue("harness launch needs a command to run; got none (put it after --)")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1; got {workers!r}")
+        raise InvalidValue(f"workers must be an int >= 1; got {workers!r}")
     if timeout_s is not None and not timeout_s > 0:
-        raise ValueError(f"timeout must be > 0 seconds; got {timeout_s!r}")
+        raise InvalidValue(f"timeout must be > 0 seconds; got {timeout_s!r}")
     if not grace_s > 0:
-        raise ValueError(f"grace must be > 0 seconds; got {grace_s!r}")
+        raise InvalidValue(f"grace must be > 0 seconds; got {grace_s!r}")
     counts = device_counts(devices_per_worker, workers)
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err

@@ -11,6 +11,14 @@ It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``
 tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``),
 and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
 
+Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
+``{"nodeid", "reason", "where", "when"}`` (``when``: ``collect`` for a module skipped as a whole,
+``setup`` or ``call`` for a test). ``scripts/check-skips`` holds them against the allowlist
+``.ci/skip-allowlist``, so that a test skipped for a reason nobody allowed (a package the dev
+environment should have installed) fails CI instead of passing it quietly. Only the process that
+reports the run writes it (pytest-xdist's controller, which gets every worker's skips); xfails are
+not skips.
+
 Devices. TensorFlow fixes its devices once per process, so every device a test process uses is set
 up at once, before its first TensorFlow op, by the session fixture ``harness_device_layout``:
 ``--logical-devices`` logical CPUs and, for GPU tests (a run with ``multi_gpu`` tests, or
@@ -25,6 +33,7 @@ test touching TensorFlow without them cannot fix the devices first.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 
@@ -32,7 +41,7 @@ import pytest
 
 from harness.devices import gpu_count
 
-__all__ = ["plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "TestDevices"]
+__all__ = ["plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "TestDevices", "SkipRecorder", "skip_record"]
 
 GPU_DEVICES = 3  # logical GPUs made of a single GPU: the zoo's largest split, 5:3:2
 _GPUS_WANTED = pytest.StashKey[bool]()  # gpu_devices was requested in this process
@@ -109,14 +118,74 @@ def pytest_addoption(parser):
                          "less 1 GiB per worker)")
     group.addoption("--require-gpu", action="store_true", default=False,
                     help="stop at once where the machine has no GPU, instead of skipping the gpu/multi_gpu tests")
+    group.addoption("--skip-report", metavar="PATH", default=None,
+                    help="write every skip of the run to PATH, one JSON object a line (nodeid, reason, where, "
+                         "when); scripts/check-skips checks them against .ci/skip-allowlist")
 
 
 def pytest_configure(config):
+    path = config.getoption("--skip-report", None)
+    if path and not hasattr(config, "workerinput"):  # pytest-xdist: its controller writes, from all workers
+        config.pluginmanager.register(SkipRecorder(path), "harness-skip-recorder")
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     if config.getoption("--require-gpu", False) and gpu_count() == 0:
         raise pytest.UsageError("--require-gpu: this machine has no NVIDIA GPU that the driver shows (/proc/driver/"
                                 "nvidia/gpus, CUDA_VISIBLE_DEVICES); the gpu and multi_gpu tests cannot run")
+
+
+def skip_record(report) -> dict[str, str] | None:
+    """A skipped test's or module's ``{"nodeid", "reason", "where", "when"}``; None for any other report.
+
+    ``reason`` is what ``pytest.skip`` was given (without pytest's ``Skipped: `` prefix); ``where``
+    is ``file:line`` of the skip as ``-rs`` shows it (the test's own line for a skip marker).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> skip_record(SimpleNamespace(skipped=True, nodeid="t.py::test_a", when="setup",
+        ...                             longrepr=("/r/t.py", 4, "Skipped: no GPU")))
+        {'nodeid': 't.py::test_a', 'reason': 'no GPU', 'where': '/r/t.py:4', 'when': 'setup'}
+    """
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return None
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        path, line, text = longrepr
+        where = f"{path}:{line}" if line is not None else str(path)
+    else:
+        text, where = str(longrepr), ""
+    text = str(text)
+    if text.startswith("Skipped: "):
+        text = text[len("Skipped: "):]
+    return {"nodeid": report.nodeid, "reason": text, "where": where, "when": getattr(report, "when", "collect")}
+
+
+class SkipRecorder:
+    """Collects the run's skips (``skip_record``) and writes them to ``path`` at the end, one JSON line each.
+
+    Registered by ``pytest_configure`` where ``--skip-report`` is given, in the process that reports
+    the run: pytest-xdist's controller gets each worker's test reports, and each module skipped at
+    collection once.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.records: list[dict[str, str]] = []
+
+    def _add(self, report) -> None:
+        record = skip_record(report)
+        if record is not None:
+            self.records.append(record)
+
+    def pytest_runtest_logreport(self, report):
+        self._add(report)
+
+    def pytest_collectreport(self, report):
+        self._add(report)
+
+    def pytest_sessionfinish(self, session):
+        with open(self.path, "w", encoding="utf-8") as out:
+            out.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
 
 
 def junit_versions() -> dict[str, str]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from harness.errors import InvalidType, InvalidValue
+
 __all__ = ["shares", "split_batch", "validate_ratios"]
 
 
@@ -35,18 +37,18 @@ def validate_ratios(ratios: Sequence[float], count: int | None = None) -> tuple[
             does not match ``count``.
     """
     if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Sequence):
-        raise TypeError(f"ratios must be a list of numbers, one per device; got ratios={ratios!r}")
+        raise InvalidType(f"ratios must be a list of numbers, one per device; got ratios={ratios!r}")
     if len(ratios) == 0:
-        raise ValueError("ratios must name at least one device; got ratios=[]")
+        raise InvalidValue("ratios must name at least one device; got ratios=[]")
     values = []
     for value in ratios:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"ratios must be numbers; got ratios={list(ratios)!r}")
+            raise InvalidType(f"ratios must be numbers; got ratios={list(ratios)!r}")
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"ratios must be positive finite numbers; got ratios={list(ratios)!r}")
+            raise InvalidValue(f"ratios must be positive finite numbers; got ratios={list(ratios)!r}")
         values.append(float(value))
     if count is not None and len(values) != count:
-        raise ValueError(
+        raise InvalidValue(
             f"ratios must have one entry per device ({count} devices); "
             f"got {len(values)} ratios={list(ratios)!r}"
         )
@@ -81,9 +83,9 @@ def split_batch(batch_size: int, ratios: Sequence[float]) -> tuple[int, ...]:
         (600, 400)
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int):
-        raise TypeError(f"batch_size must be an int; got batch_size={batch_size!r}")
+        raise InvalidType(f"batch_size must be an int; got batch_size={batch_size!r}")
     if batch_size < 0:
-        raise ValueError(f"batch_size must be >= 0; got batch_size={batch_size}")
+        raise InvalidValue(f"batch_size must be >= 0; got batch_size={batch_size}")
     values = validate_ratios(ratios)
     exact = [batch_size * w for w in shares(values)]
     sizes = [math.floor(e) for e in exact]

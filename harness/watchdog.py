@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from harness.errors import InvalidValue
+
 __all__ = ["Watchdog", "step_watchdog", "EXIT_STATUS"]
 
 EXIT_STATUS = 124  # as `timeout(1)`: the step took too long
@@ -44,9 +46,9 @@ class Watchdog:
     def __init__(self, timeout_s: float, first_timeout_s: float | None = None,
                  on_timeout: Callable[[str], None] | None = None, stream=None):
         if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive; got timeout_s={timeout_s!r}")
+            raise InvalidValue(f"timeout_s must be positive; got timeout_s={timeout_s!r}")
         if first_timeout_s is not None and not first_timeout_s > 0:
-            raise ValueError(f"first_timeout_s must be positive; got first_timeout_s={first_timeout_s!r}")
+            raise InvalidValue(f"first_timeout_s must be positive; got first_timeout_s={first_timeout_s!r}")
         self.timeout_s = float(timeout_s)
         self.first_timeout_s = float(first_timeout_s) if first_timeout_s is not None else 10 * self.timeout_s
         self._on_timeout = on_timeout

@@ -22,6 +22,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+from harness.errors import Failed, InvalidValue
+
 __all__ = ["calibrate", "UNBOUNDED_RATE"]
 
 # An emulated rate no host reaches: every step is late, so the busy time is the real work.
@@ -74,9 +76,9 @@ def calibrate(
     for name in names:
         workloads.get(name)
     if not devices:
-        raise ValueError("calibrate needs at least one device; got none")
+        raise InvalidValue("calibrate needs at least one device; got none")
     if isinstance(batch_per_device, bool) or not isinstance(batch_per_device, int) or batch_per_device < 1:
-        raise ValueError(f"batch per device must be an int >= 1; got {batch_per_device!r}")
+        raise InvalidValue(f"batch per device must be an int >= 1; got {batch_per_device!r}")
     record: dict = {"config": {"models": names, "size": size, "devices": list(devices),
                                "batch_per_device": batch_per_device, "seconds": seconds, "windows": windows,
                                "seed": seed},
@@ -89,7 +91,7 @@ def calibrate(
                            emulate=(EmulatedDevice(UNBOUNDED_RATE),) * len(devices))
         result = run_one(config)
         if result["status"] != "complete":
-            raise RuntimeError(f"calibrating {name}: {result['status']}: {result['error']}")
+            raise Failed(f"calibrating {name}: {result['status']}: {result['error']}")
         entry = _entry(name, batch_per_device, result)
         say(f"    sustains {entry['sustained_rate']:.0f} samples/s per device; "
             f"{entry['outside_ms']:.1f} ms per step outside the devices")

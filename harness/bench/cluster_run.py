@@ -52,6 +52,7 @@ from typing import Any, TextIO, cast
 
 from harness.cluster import worker_slice
 from harness.emulate import EmulatedDevice
+from harness.errors import Failed, InvalidValue, Unavailable
 
 __all__ = ["WORKER_VARIABLE", "MARK", "ClusterPlan", "task_device", "run_worker", "Collector", "merge_window",
            "cluster_result", "launch_run", "CLUSTER_METHODS", "one_line", "STOCK_REFUSED", "STOCK_ISSUE",
@@ -115,26 +116,26 @@ class ClusterPlan:
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first bad field."""
         if self.method not in CLUSTER_METHODS:
-            raise ValueError(f"across workers the method is {' or '.join(CLUSTER_METHODS)}; got {self.method!r}")
+            raise InvalidValue(f"across workers the method is {' or '.join(CLUSTER_METHODS)}; got {self.method!r}")
         if not self.counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.counts):
-            raise ValueError(f"each worker needs an int >= 1 devices; got devices per worker {list(self.counts)}")
+            raise InvalidValue(f"each worker needs an int >= 1 devices; got devices per worker {list(self.counts)}")
         if self.method == "keras" and max(self.counts) > 1:
             several = [w for w, c in enumerate(self.counts) if c > 1]
-            raise ValueError(
+            raise InvalidValue(
                 f"the stock baseline across workers (method 'keras') is Keras 2's fit under a stock "
                 f"MultiWorkerMirroredStrategy: one replica per worker, so one device per worker; got devices per "
                 f"worker {list(self.counts)} (worker {', '.join(map(str, several))} with several)")
         devices = sum(self.counts)
         if len(self.batches) != devices:
-            raise ValueError(f"need one batch per device of the cluster ({devices}: {list(self.counts)} per worker); "
-                             f"got {len(self.batches)} batches {list(self.batches)}")
+            raise InvalidValue(f"need one batch per device of the cluster ({devices}: {list(self.counts)} per worker); "
+                               f"got {len(self.batches)} batches {list(self.batches)}")
         if self.emulate is not None and len(self.emulate) != devices:
-            raise ValueError(f"need one emulated device per device of the cluster ({devices}: {list(self.counts)} per "
-                             f"worker); got {len(self.emulate)}")
+            raise InvalidValue(f"need one emulated device per device of the cluster ({devices}: {list(self.counts)} "
+                               f"per worker); got {len(self.emulate)}")
         if self.kind not in ("CPU", "GPU"):
-            raise ValueError(f"kind must be 'CPU' or 'GPU'; got {self.kind!r}")
+            raise InvalidValue(f"kind must be 'CPU' or 'GPU'; got {self.kind!r}")
         if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0; got {self.timeout_s!r}")
+            raise InvalidValue(f"timeout_s must be > 0; got {self.timeout_s!r}")
 
     def gpu_blocks(self) -> list[str]:
         """Each worker's ``CUDA_VISIBLE_DEVICES``: consecutive GPU ids, as many as its device count."""
@@ -203,7 +204,7 @@ def stock_keras():
 
     name = stock_keras_name()
     if name is None:
-        raise RuntimeError(stock_refusal_text())
+        raise Unavailable(stock_refusal_text())
     return importlib.import_module(name)
 
 
@@ -279,8 +280,8 @@ def _join(plan: ClusterPlan):
 
     cluster = use_cluster(timeout_s=plan.timeout_s, devices=plan.counts[index])
     if tuple(cluster.counts) != plan.counts:
-        raise RuntimeError(f"the cluster's devices per worker {list(cluster.counts)} are not the plan's "
-                           f"{list(plan.counts)}")
+        raise Failed(f"the cluster's devices per worker {list(cluster.counts)} are not the plan's "
+                     f"{list(plan.counts)}")
     return cluster.index, tuple(cluster.devices), tuple(cluster.local_devices), cluster.strategy, cluster
 
 
@@ -383,8 +384,8 @@ def merge_window(records: Sequence[Mapping[str, Any]]) -> dict:
     chief = records[0]
     steps = {r["steps"] for r in records}
     if len({r["index"] for r in records}) > 1 or len(steps) > 1:
-        raise ValueError(f"the workers' windows differ: index {[r['index'] for r in records]}, steps "
-                         f"{[r['steps'] for r in records]}")
+        raise InvalidValue(f"the workers' windows differ: index {[r['index'] for r in records]}, steps "
+                           f"{[r['steps'] for r in records]}")
     workers = []
     for worker, record in enumerate(records):
         rows = sum(d["batch"] for d in record["devices"])

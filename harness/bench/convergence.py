@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.bench.runner import RunConfig, RunMethod
+from harness.errors import InvalidValue
 
 __all__ = ["Goal", "ConvergenceResult", "train_to_accuracy", "HELD_OUT_SEED", "UNREACHED_FACTOR", "CONVERGENCE_METHODS"]
 
@@ -80,11 +81,11 @@ class Goal:
 
     def __post_init__(self):
         if isinstance(self.target, bool) or not isinstance(self.target, (int, float)) or not 0 < self.target <= 1:
-            raise ValueError(f"target must be an accuracy in (0, 1]; got target={self.target!r}")
+            raise InvalidValue(f"target must be an accuracy in (0, 1]; got target={self.target!r}")
         for name in ("budget", "every", "held_out"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1; got {name}={value!r}")
+                raise InvalidValue(f"{name} must be an int >= 1; got {name}={value!r}")
 
     def to_json(self) -> dict:
         return {"target": self.target, "budget": self.budget, "every": self.every, "held_out": self.held_out}
@@ -164,8 +165,8 @@ def train_to_accuracy(config: RunConfig, goal: Goal,
     from harness.bench.runner import build_model
 
     if config.method not in CONVERGENCE_METHODS:
-        raise ValueError(f"time to accuracy trains harness' methods {', '.join(CONVERGENCE_METHODS)}; got method="
-                         f"{config.method!r}")
+        raise InvalidValue(f"time to accuracy trains harness' methods {', '.join(CONVERGENCE_METHODS)}; got method="
+                           f"{config.method!r}")
     workload = workloads.get(config.model)
     model = build_model(config, workload)
     held_out = workload.make_data(config.size, goal.held_out, seed=HELD_OUT_SEED)

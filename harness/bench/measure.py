@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from harness.errors import InvalidValue
+
 __all__ = ["StepTimes", "Window", "time_train_steps", "window_callback", "lockstep_windows"]
 
 
@@ -44,7 +46,7 @@ def time_train_steps(model, x, y, *, batch_size: int, steps: int, warmup: int = 
     import numpy as np
 
     if steps < 1 or warmup < 1:
-        raise ValueError(f"steps and warmup must be >= 1; got steps={steps}, warmup={warmup}")
+        raise InvalidValue(f"steps and warmup must be >= 1; got steps={steps}, warmup={warmup}")
     stamps: list[float] = []
 
     class _Stamp(keras.callbacks.Callback):
@@ -125,7 +127,7 @@ def window_callback(*, batch_size: int, seconds: float, windows: int, warmup_ste
 
 def _check_windows(seconds: float, windows: int, warmup_steps: int) -> None:
     if not seconds > 0 or windows < 1 or warmup_steps < 1:
-        raise ValueError(
+        raise InvalidValue(
             f"need seconds > 0, windows >= 1 and warmup_steps >= 1; got seconds={seconds}, windows={windows}, "
             f"warmup_steps={warmup_steps}"
         )
@@ -175,7 +177,7 @@ def lockstep_windows(exchange, probe_steps: int = 3):
         ``windows`` lists the finished windows and ``steps_per_window`` the agreed length).
     """
     if isinstance(probe_steps, bool) or not isinstance(probe_steps, int) or probe_steps < 1:
-        raise ValueError(f"probe_steps must be an int >= 1; got {probe_steps!r}")
+        raise InvalidValue(f"probe_steps must be an int >= 1; got {probe_steps!r}")
 
     def make(*, batch_size: int, seconds: float, windows: int, warmup_steps: int, on_window=None, on_step=None,
              keras_module=None):

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.errors import InvalidValue
+
 __all__ = [
     "FIELDS",
     "FieldStats",
@@ -374,7 +376,7 @@ def _check_indices(indices: Sequence[int] | None) -> tuple[int, ...] | None:
     if indices is None:
         return None
     if isinstance(indices, (str, bytes)) or not all(isinstance(i, int) and i >= 0 for i in indices):
-        raise ValueError(f"indices must be non-negative GPU indices or None; got indices={indices!r}")
+        raise InvalidValue(f"indices must be non-negative GPU indices or None; got indices={indices!r}")
     return tuple(dict.fromkeys(indices))
 
 
@@ -423,7 +425,7 @@ class TelemetrySampler:
 
     def __init__(self, indices: Sequence[int] | None = None, interval: float = 0.1) -> None:
         if not (isinstance(interval, (int, float)) and math.isfinite(interval) and interval > 0):
-            raise ValueError(f"interval must be a positive number of seconds; got interval={interval!r}")
+            raise InvalidValue(f"interval must be a positive number of seconds; got interval={interval!r}")
         self.indices = _check_indices(indices)
         self.interval = float(interval)
         self._samples: list[GpuSample] = []
@@ -507,5 +509,5 @@ class TelemetrySampler:
             ValueError: if ``t1 < t0``.
         """
         if not t1 >= t0:
-            raise ValueError(f"a window needs t0 <= t1; got t0={t0!r}, t1={t1!r}")
+            raise InvalidValue(f"a window needs t0 <= t1; got t0={t0!r}, t1={t1!r}")
         return summarise([s for s in self.samples if t0 <= s.time <= t1], self._gpus)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench.results import write_bytes_atomic
+from harness.errors import InvalidValue
 from harness.extras import require
 
 __all__ = ["bar_chart", "curve_chart", "format_table", "ratio_to_best"]
@@ -62,13 +63,14 @@ def format_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], align: s
     cells = []
     for index, row in enumerate(rows):
         if isinstance(row, (str, bytes)) or len(row) != len(headers):
-            raise ValueError(f"each row needs {len(headers)} cells (one per header {headers}); got row {index}={row!r}")
+            raise InvalidValue(f"each row needs {len(headers)} cells (one per header {headers}); "
+                               f"got row {index}={row!r}")
         cells.append([_cell_text(cell) for cell in row])
     columns = list(zip(*rows)) if rows else [()] * len(headers)
     if align is None:
         align = "".join("r" if _is_numeric_column(column) else "l" for column in columns)
     if len(align) != len(headers) or set(align) - set("lrc"):
-        raise ValueError(f"align must be one of l, r, c per column ({len(headers)} columns); got align={align!r}")
+        raise InvalidValue(f"align must be one of l, r, c per column ({len(headers)} columns); got align={align!r}")
     widths = [max([len(h), *(len(r[j]) for r in cells)]) for j, h in enumerate(headers)]
     lines = [headers, ["-" * w for w in widths], *cells]
     return "\n".join(_join(line, widths, align) for line in lines)
@@ -137,11 +139,11 @@ def bar_chart(
     """
     labels = [str(label) for label in labels]
     if not labels:
-        raise ValueError("bar_chart needs at least one bar; got labels=[]")
+        raise InvalidValue("bar_chart needs at least one bar; got labels=[]")
     checked = _check_values(values, len(labels), "values")
     spreads = _check_values(errors, len(labels), "errors") if errors is not None else [None] * len(labels)
     if any(e is not None and e < 0 for e in spreads):
-        raise ValueError(f"errors must be >= 0; got errors={list(spreads)!r}")
+        raise InvalidValue(f"errors must be >= 0; got errors={list(spreads)!r}")
     texts = _check_notes(notes, len(labels))
     if horizontal is None:
         horizontal = len(labels) > 6 or max(len(label) for label in labels) > 12
@@ -176,7 +178,7 @@ def curve_chart(curves: Sequence[dict], path: Path | str, *, title: str, footnot
         ``path`` as a Path.
     """
     if not curves:
-        raise ValueError("curve_chart needs at least one curve; got none")
+        raise InvalidValue("curve_chart needs at least one curve; got none")
     FigureCanvasAgg, Figure = _matplotlib()
 
     figure = Figure(figsize=(8.5, 4.5), dpi=100)
@@ -250,15 +252,15 @@ def _join(cells: Sequence[str], widths: Sequence[int], align: str) -> str:
 
 def _check_values(values: Sequence[float | None], count: int | None, name: str) -> list[float | None]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise ValueError(f"{name} must be a list of numbers or None; got {name}={values!r}")
+        raise InvalidValue(f"{name} must be a list of numbers or None; got {name}={values!r}")
     if count is not None and len(values) != count:
-        raise ValueError(f"{name} must have one entry per bar ({count} bars); got {len(values)}: {name}={values!r}")
+        raise InvalidValue(f"{name} must have one entry per bar ({count} bars); got {len(values)}: {name}={values!r}")
     checked: list[float | None] = []
     for value in values:
         if value is None:
             checked.append(None)
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{name} must be finite numbers or None (for missing); got {name}={list(values)!r}")
+            raise InvalidValue(f"{name} must be finite numbers or None (for missing); got {name}={list(values)!r}")
         else:
             checked.append(float(value))
     return checked
@@ -268,7 +270,7 @@ def _check_notes(notes: Sequence[str | None] | None, count: int) -> list[str | N
     if notes is None:
         return [None] * count
     if isinstance(notes, str) or len(notes) != count:
-        raise ValueError(f"notes must have one entry per bar ({count} bars); got notes={notes!r}")
+        raise InvalidValue(f"notes must have one entry per bar ({count} bars); got notes={notes!r}")
     return [None if note is None else str(note) for note in notes]
 
 

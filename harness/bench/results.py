@@ -52,6 +52,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from harness.errors import InvalidType, InvalidValue
+
 __all__ = [
     "SCHEMA_VERSION",
     "RecordKind",
@@ -117,8 +119,9 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
 
     Returns:
         ``{"median", "mean", "min", "max", "iqr", "spread", "n"}`` where ``spread`` is
-        ``iqr / median`` (``None`` when the median is 0). For no values every figure
-        is ``None`` and ``n`` is 0.
+        ``iqr / median`` (``None`` when the median is 0, and for one value: one window has no
+        spread to show, which tables print as n/a). For no values every figure is ``None`` and
+        ``n`` is 0.
 
     Raises:
         ValueError: a value is NaN, infinite or not a number.
@@ -126,7 +129,7 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
     numbers = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"values must be finite numbers; got values={list(values)!r}")
+            raise InvalidValue(f"values must be finite numbers; got values={list(values)!r}")
         numbers.append(float(value))
     if not numbers:
         return {"median": None, "mean": None, "min": None, "max": None, "iqr": None, "spread": None, "n": 0}
@@ -142,7 +145,7 @@ def summarize(values: Sequence[float]) -> dict[str, Any]:
         "min": min(numbers),
         "max": max(numbers),
         "iqr": iqr,
-        "spread": iqr / median if median != 0 else None,
+        "spread": iqr / median if median != 0 and len(numbers) > 1 else None,
         "n": len(numbers),
     }
 
@@ -171,7 +174,7 @@ def new_record(kind: str, config: dict, environment: dict, *, now: datetime | No
     kind = _check_kind(kind)
     for name, value in (("config", config), ("environment", environment)):
         if not isinstance(value, dict):
-            raise TypeError(f"{name} must be a dict; got {name}={value!r}")
+            raise InvalidType(f"{name} must be a dict; got {name}={value!r}")
     moment = now or datetime.now(timezone.utc)
     moment = moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
     moment = moment.replace(microsecond=0)
@@ -193,11 +196,11 @@ def record_path(record: dict, results_dir: Path | str | None = None) -> Path:
         ValueError: the record's ``kind`` or ``id`` is missing or malformed.
     """
     if not isinstance(record, dict):
-        raise TypeError(f"record must be a dict; got record={record!r:.200}")
+        raise InvalidType(f"record must be a dict; got record={record!r:.200}")
     kind = _check_kind(record.get("kind"))
     record_id = record.get("id")
     if not isinstance(record_id, str) or not _ID_PATTERN.match(record_id):
-        raise ValueError(f"record id must look like 20261122T101500Z-a1b2c3; got id={record_id!r}")
+        raise InvalidValue(f"record id must look like 20261122T101500Z-a1b2c3; got id={record_id!r}")
     directory = Path(results_dir) if results_dir is not None else default_results_dir()
     return directory / f"{kind}-{record_id}.json"
 
@@ -310,7 +313,7 @@ def cleanup_temp(results_dir: Path | str | None = None, older_than_s: float = 36
         or not isinstance(older_than_s, (int, float))
         or not (math.isfinite(older_than_s) and older_than_s >= 0)
     ):
-        raise ValueError(f"older_than_s must be a finite number >= 0; got older_than_s={older_than_s!r}")
+        raise InvalidValue(f"older_than_s must be a finite number >= 0; got older_than_s={older_than_s!r}")
     directory = Path(results_dir) if results_dir is not None else default_results_dir()
     if not directory.is_dir():
         return []
@@ -327,7 +330,7 @@ def cleanup_temp(results_dir: Path | str | None = None, older_than_s: float = 36
 def _check_kind(kind: object) -> str:
     allowed = [k.value for k in RecordKind]
     if kind not in allowed:
-        raise ValueError(f"kind must be one of {allowed}; got kind={kind!r}")
+        raise InvalidValue(f"kind must be one of {allowed}; got kind={kind!r}")
     return RecordKind(kind).value
 
 
@@ -347,7 +350,7 @@ def _to_json(value: Any, where: str, active: set[int]) -> Any:
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, (dict, list, tuple)):
         if id(value) in active:
-            raise ValueError(f"record holds a circular reference at {where}")
+            raise InvalidValue(f"record holds a circular reference at {where}")
         active.add(id(value))
         try:
             if isinstance(value, dict):
@@ -355,7 +358,7 @@ def _to_json(value: Any, where: str, active: set[int]) -> Any:
             return [_to_json(v, f"{where}[{i}]", active) for i, v in enumerate(value)]
         finally:
             active.discard(id(value))
-    raise TypeError(
+    raise InvalidType(
         f"record is not JSON-serialisable: {where} is {value!r:.80} of type {type(value).__name__}; "
         "allowed: dict (str keys), list, tuple, str, int, float, bool, None"
     )
@@ -363,7 +366,7 @@ def _to_json(value: Any, where: str, active: set[int]) -> Any:
 
 def _check_key(key: object, where: str) -> str:
     if not isinstance(key, str):
-        raise TypeError(f"record keys must be str; got key {key!r} ({type(key).__name__}) in {where}")
+        raise InvalidType(f"record keys must be str; got key {key!r} ({type(key).__name__}) in {where}")
     return key
 
 

@@ -18,15 +18,20 @@ from enum import Enum
 from typing import Any
 
 from harness.emulate import EmulatedDevice
+from harness.errors import InvalidValue
 from harness.parallel import METHODS as METHODS_OF_PARALLEL
 from harness.parallel import Method
 
 __all__ = ["RunMethod", "RunConfig", "run_one", "train_windows", "build_model", "gpu_index", "host_bound", "SOURCES"]
 
+# How a device row's figures are derived. samples/s is the device's batch x the window's steps / the window's
+# seconds for every source (its logged samples where rebalancing changed the split): no source measures it.
 SOURCES = {
-    "emulated": "emulated device: its own busy time (begin/end of its slice)",
-    "nvml": "NVML, sampled at 10 Hz in the background",
-    "share": "share of the measured total (logical CPU: no per-device measurement)",
+    "emulated": "emulated device: busy and busy sps from its own busy time (begin/end of its slice); samples/s "
+                "= batch x steps / window seconds",
+    "nvml": "GPU: util, memory, power, temperature and clock from NVML at 10 Hz; samples/s = batch x steps / "
+            "window seconds (not measured per GPU)",
+    "share": "logical CPU, no per-device measurement: samples/s = batch x steps / window seconds",
 }
 
 
@@ -101,26 +106,26 @@ class RunConfig:
         workloads.get(self.model)
         workloads.check_size(self.size)
         if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+            raise InvalidValue(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
         if not self.devices:
-            raise ValueError("a run needs at least one device")
+            raise InvalidValue("a run needs at least one device")
         if self.method == RunMethod.SINGLE and len(self.devices) != 1:
-            raise ValueError(f"method 'single' runs on exactly one device; got {len(self.devices)}: {self.devices}")
+            raise InvalidValue(f"method 'single' runs on exactly one device; got {len(self.devices)}: {self.devices}")
         if len(self.batches) != len(self.devices):
-            raise ValueError(
+            raise InvalidValue(
                 f"need one batch size per device: {len(self.devices)} devices {list(self.devices)} but "
                 f"{len(self.batches)} batches {list(self.batches)}"
             )
         if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
-            raise ValueError(f"per-device batch sizes must be ints >= 1; got batches={list(self.batches)}")
+            raise InvalidValue(f"per-device batch sizes must be ints >= 1; got batches={list(self.batches)}")
         if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds) and self.seconds > 0):
-            raise ValueError(f"seconds per window must be > 0; got seconds={self.seconds!r}")
+            raise InvalidValue(f"seconds per window must be > 0; got seconds={self.seconds!r}")
         if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
-            raise ValueError(f"windows must be an int >= 1; got windows={self.windows!r}")
+            raise InvalidValue(f"windows must be an int >= 1; got windows={self.windows!r}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be an int >= 1; got warmup_steps={self.warmup_steps!r}")
+            raise InvalidValue(f"warmup_steps must be an int >= 1; got warmup_steps={self.warmup_steps!r}")
         if self.emulate is not None and len(self.emulate) != len(self.devices):
-            raise ValueError(
+            raise InvalidValue(
                 f"need one emulated device per device: {len(self.devices)} devices but {len(self.emulate)} "
                 f"--emulate entries"
             )
@@ -132,7 +137,7 @@ class RunConfig:
             return
         if len(set(self.batches)) > 1:
             even = sum(self.batches) // len(self.batches)
-            raise ValueError(
+            raise InvalidValue(
                 f"method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
                 f"{list(self.batches)}: use {len(self.batches)} equal batches such as {[even] * len(self.batches)}")
 
@@ -140,16 +145,16 @@ class RunConfig:
         every = self.rebalance_every
         if every is not None:
             if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-                raise ValueError(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
-                                 f"{every!r}")
+                raise InvalidValue(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
+                                   f"{every!r}")
             if self.method not in PARALLEL_METHODS:
-                raise ValueError(f"rebalance_every needs a parallel method (towers or mirrored); got method "
-                                 f"{self.method!r}")
+                raise InvalidValue(f"rebalance_every needs a parallel method (towers or mirrored); got method "
+                                   f"{self.method!r}")
         for entry in self.throttle:
             check_throttle(entry, len(self.devices))
             if self.emulate is None:
-                raise ValueError(f"throttle changes an emulated device's rate: it needs emulate=...; got "
-                                 f"throttle={[list(t) for t in self.throttle]} without emulated devices")
+                raise InvalidValue(f"throttle changes an emulated device's rate: it needs emulate=...; got "
+                                   f"throttle={[list(t) for t in self.throttle]} without emulated devices")
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -166,15 +171,15 @@ def check_throttle(entry, devices: int) -> tuple[int, float, int]:
         ValueError: naming the entry: not three values, index out of range, rate not positive, step < 0.
     """
     if not isinstance(entry, tuple) or len(entry) != 3:
-        raise ValueError(f"a throttle entry is (device_index, rate, at_step); got {entry!r}")
+        raise InvalidValue(f"a throttle entry is (device_index, rate, at_step); got {entry!r}")
     index, rate, step = entry
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < devices:
-        raise ValueError(f"throttle device index must be 0..{devices - 1} ({devices} devices); got {index!r} in "
-                         f"{entry!r}")
+        raise InvalidValue(f"throttle device index must be 0..{devices - 1} ({devices} devices); got {index!r} in "
+                           f"{entry!r}")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"throttle rate must be a positive number of samples/s; got {rate!r} in {entry!r}")
+        raise InvalidValue(f"throttle rate must be a positive number of samples/s; got {rate!r} in {entry!r}")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"throttle step must be an int >= 0; got {step!r} in {entry!r}")
+        raise InvalidValue(f"throttle step must be an int >= 0; got {step!r} in {entry!r}")
     return entry
 
 
@@ -305,8 +310,8 @@ def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None
     if config.method == RunMethod.KERAS:
         return _stock_model(config, workload, strategy, keras_module)
     if keras_module is not None:
-        raise ValueError(f"keras_module is the stock baseline's (method 'keras'); method {config.method!r} builds "
-                         "with keras")
+        raise InvalidValue(f"keras_module is the stock baseline's (method 'keras'); method {config.method!r} builds "
+                           "with keras")
     template = workload.build(config.size, seed=config.seed)
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices) if cluster is None else cluster, ratios=list(config.batches),

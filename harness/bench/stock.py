@@ -24,6 +24,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.errors import InvalidValue
+
 __all__ = ["stock_model", "emulated_class", "keras"]
 
 
@@ -115,7 +117,7 @@ def keras(template, devices, ratios=None):
     from harness.parallel.collective import stock_strategy_for
 
     if ratios is not None and len({float(r) for r in ratios}) > 1:
-        raise ValueError(f"the stock MirroredStrategy splits every batch evenly; got ratios={list(ratios)}")
+        raise InvalidValue(f"the stock MirroredStrategy splits every batch evenly; got ratios={list(ratios)}")
     k = keras_module_of(template)
     strategy = stock_strategy_for(tuple(devices))
     with strategy.scope():

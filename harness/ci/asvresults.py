@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import InvalidValue
+
 __all__ = ["Measurement", "Key", "load_config", "read_commit", "combos", "is_skipped"]
 
 Key = tuple[str, str]  # (benchmark name, parameter combination)
@@ -72,7 +74,7 @@ def read_commit(config_path: Path | str, machine: str, commit: str) -> dict[Key,
     conf, benchmarks = load_config(config_path)
     found = list(iter_results_for_machine_and_hash(conf.results_dir, machine, commit))
     if not found:
-        raise ValueError(f"no asv results for commit {commit[:12]} on machine {machine!r} in {conf.results_dir}")
+        raise InvalidValue(f"no asv results for commit {commit[:12]} on machine {machine!r} in {conf.results_dir}")
     return {(m.name, m.params): m for m in _measurements(found, benchmarks)}
 
 

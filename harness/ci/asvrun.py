@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import Failed, InvalidValue
+
 __all__ = ["INSTALL", "MODES", "AsvProject", "in_container", "resolve_mode"]
 
 INSTALL = "{python} -m pip install --quiet --no-deps --force-reinstall --no-build-isolation {path}"
@@ -35,7 +37,7 @@ def in_container() -> bool:
 def resolve_mode(mode: str) -> str:
     """``auto`` -> ``existing`` inside a container, else ``virtualenv``."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+        raise InvalidValue(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     return mode if mode != "auto" else ("existing" if in_container() else "virtualenv")
 
 
@@ -61,7 +63,7 @@ class AsvProject:
         print("$ " + shlex.join(["asv", *argv]), file=sys.stderr, flush=True)
         code = subprocess.run(cmd, cwd=self.root, stdout=sys.stderr).returncode
         if check and code != 0:
-            raise RuntimeError(f"asv {argv[0]} failed with exit status {code}")
+            raise Failed(f"asv {argv[0]} failed with exit status {code}")
         return code
 
     def register_machine(self) -> None:
@@ -90,9 +92,9 @@ class AsvProject:
             with self._installed(commit):
                 code = self.asv(["run", "--python=same", "--set-commit-hash", commit, *flags], check=False)
         else:
-            raise ValueError(f"mode must be virtualenv or existing; got {self.mode!r}")
+            raise InvalidValue(f"mode must be virtualenv or existing; got {self.mode!r}")
         if code not in (0, 2):
-            raise RuntimeError(f"asv run on {commit[:12]} failed with exit status {code}")
+            raise Failed(f"asv run on {commit[:12]} failed with exit status {code}")
         return code
 
     def _installed(self, commit: str):
@@ -117,7 +119,7 @@ class _Installed:
             print(f"$ {command}", file=sys.stderr, flush=True)
             done = subprocess.run(command, shell=True, cwd=root, stdout=sys.stderr)
             if done.returncode != 0:
-                raise RuntimeError(f"installing {self.commit[:12]} failed (exit {done.returncode}): {command}")
+                raise Failed(f"installing {self.commit[:12]} failed (exit {done.returncode}): {command}")
         except BaseException:
             self.__exit__(None, None, None)
             raise

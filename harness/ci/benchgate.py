@@ -34,6 +34,7 @@ from enum import Enum
 
 from harness.ci.asvresults import Key, Measurement, is_skipped
 from harness.ci.noise import relative_noise
+from harness.errors import InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "higher_is_better", "judge", "judge_rounds", "is_borderline",
            "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K"]
@@ -100,7 +101,7 @@ class Rounds:
 
     def add(self, side: str, measured: Mapping[Key, Measurement], only: set[Key] | None = None) -> None:
         if side not in ("base", "head"):
-            raise ValueError(f"side must be 'base' or 'head'; got {side!r}")
+            raise InvalidValue(f"side must be 'base' or 'head'; got {side!r}")
         target = getattr(self, side)
         for key, measurement in measured.items():
             if only is None or key in only:
@@ -152,7 +153,7 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     """
     _check_factor(factor)
     if not k >= 0:
-        raise ValueError(f"k must be >= 0; got k={k!r}")
+        raise InvalidValue(f"k must be >= 0; got k={k!r}")
     first = (base or head)[0]
     counts = (len(base), len(head))
     row = Row(first.name, first.params, first.unit, None, None, Verdict.SAME, None, rounds=counts)
@@ -201,7 +202,7 @@ def after_rerun(before: Row, base: Measurement, head: Measurement) -> Row:
 
 def _check_factor(factor: float) -> None:
     if not factor > 1:
-        raise ValueError(f"factor must be > 1; got factor={factor!r}")
+        raise InvalidValue(f"factor must be > 1; got factor={factor!r}")
 
 
 def _side_value(measurements: Sequence[Measurement]) -> float | None:

@@ -37,6 +37,7 @@ from harness.ci import asvresults, benchgate
 from harness.ci.asvrun import AsvProject
 from harness.ci.gitrepo import commits_between, rev_parse, subject
 from harness.ci.noise import relative_noise
+from harness.errors import Failed, InvalidValue
 
 __all__ = ["Verdict", "Target", "Probe", "Report", "resolve_target", "search", "run_bound", "bisect"]
 
@@ -184,13 +185,13 @@ def resolve_target(benchmarks: Mapping[str, dict], name: str, params: str | None
     if len(names) != 1:
         known = ", ".join(sorted(benchmarks)[:12]) + (", ..." if len(benchmarks) > 12 else "")
         what = "several benchmarks match" if names else "unknown benchmark"
-        raise ValueError(f"{what} {name!r}; the suite has: {known or 'no benchmarks'}")
+        raise InvalidValue(f"{what} {name!r}; the suite has: {known or 'no benchmarks'}")
     bench = benchmarks[names[0]]
     choices = asvresults.combos(bench["params"])
     if params is None:
         if len(choices) > 1:
-            raise ValueError(f"{names[0]} has {len(choices)} parameter combinations; pick one with --params, "
-                             f"one of: {_quoted(choices)}")
+            raise InvalidValue(f"{names[0]} has {len(choices)} parameter combinations; pick one with --params, "
+                               f"one of: {_quoted(choices)}")
         index = 0
     else:
         index = _match_params(params, choices, names[0])
@@ -205,7 +206,7 @@ def _match_params(params: str, choices: list[str], name: str) -> int:
         found = [i for i, choice in enumerate(choices) if same(choice)]
         if found:
             return found[0]
-    raise ValueError(f"--params {params!r} is not a combination of {name}; one of: {_quoted(choices)}")
+    raise InvalidValue(f"--params {params!r} is not a combination of {name}; one of: {_quoted(choices)}")
 
 
 def _quoted(choices: Sequence[str]) -> str:
@@ -240,14 +241,14 @@ def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str
         print(report.status, report.first_bad and report.commits[report.first_bad])
     """
     if not factor > 1:
-        raise ValueError(f"factor must be > 1; got factor={factor!r}")
+        raise InvalidValue(f"factor must be > 1; got factor={factor!r}")
     good, bad = rev_parse(project.root, good), rev_parse(project.root, bad)
     if good == bad:
-        raise ValueError(f"GOOD and BAD are the same commit ({good[:12]}): nothing to search")
+        raise InvalidValue(f"GOOD and BAD are the same commit ({good[:12]}): nothing to search")
     commits = (good, *commits_between(project.root, good, bad))
     if rev_parse(project.root, f"{commits[1]}^") != good:  # GOOD merged in from a side branch
-        raise ValueError(f"{good[:12]} is not on {bad[:12]}'s first-parent line; pass a GOOD on it "
-                         f"(git log --first-parent {bad[:12]})")
+        raise InvalidValue(f"{good[:12]} is not on {bad[:12]}'s first-parent line; pass a GOOD on it "
+                           f"(git log --first-parent {bad[:12]})")
     project.register_machine()
     project.run_commit(good, bench=["just-discover"])  # installs GOOD, saves asv's list of benchmarks; times nothing
     _, benchmarks = asvresults.load_config(project.config)
@@ -297,7 +298,7 @@ def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[st
             f"{commits[-1]} --not {commits[0]}^@", target.regex]
     code, lines = _asv_streamed(project, argv)
     if code != 0:
-        raise RuntimeError(f"asv find failed with exit status {code}")
+        raise Failed(f"asv find failed with exit status {code}")
     ran, answer = _parse_find(lines, commits)
     for index in (0, len(commits) - 1):  # asv finds without running anything in a range of two
         if commits[index] not in ran:

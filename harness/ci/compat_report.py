@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.errors import InvalidValue
+
 __all__ = ["Cell", "EnvResult", "read_junit", "markdown_table", "to_json", "STATES"]
 
 STATES = ("pass", "fail", "skip")
@@ -66,10 +68,10 @@ def read_junit(path: Path | str, env: str | None = None) -> EnvResult:
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as err:
-        raise ValueError(f"{path} is not JUnit XML: {err}") from None
+        raise InvalidValue(f"{path} is not JUnit XML: {err}") from None
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     if not suites:
-        raise ValueError(f"{path} has no <testsuite>; is it pytest --junitxml output?")
+        raise InvalidValue(f"{path} has no <testsuite>; is it pytest --junitxml output?")
     versions: dict[str, str] = {}
     cells: dict[str, Cell] = {}
     seconds = 0.0

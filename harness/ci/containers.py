@@ -3,13 +3,23 @@
 The engine is driven through the Docker SDK for Python (``docker``, the ``harness[ci]``
 extra): ping and version, image inspection, pulls, imports and removal, and the containers
 that run the smoke test and the suite, their logs streamed line by line. Its errors become one
-``RuntimeError`` line naming what failed. Only builds go through the ``docker`` command line:
-the SDK has no BuildKit (its ``images.build`` is the classic builder, which cannot read the
-Dockerfile's ``RUN --mount``) and no ``buildx bake``.
+line naming what failed: ``harness.errors.Unavailable`` where something is missing (an engine, a
+tool, an image), ``harness.errors.Failed`` where a step failed (both ``RuntimeError``).
+Only builds go through the ``docker`` command line: the SDK has no BuildKit (its
+``images.build`` is the classic builder, which cannot read the Dockerfile's ``RUN --mount``)
+and no ``buildx bake``.
 
 Where no engine answers, a private ``dockerd`` is started on its own socket and data root (vfs
 storage, no iptables, no bridge: what works inside an unprivileged sandbox), and stopped and
-deleted afterwards. Where no registry answers, the Debian base image is built from
+deleted afterwards.
+
+Every API call of the SDK client may wait ``api_timeout()`` seconds for the engine: 300 by
+default, ``HARNESS_DOCKER_TIMEOUT`` otherwise. An engine on vfs storage copies an image's whole
+file system to create a container (a TensorFlow image: gigabytes), which takes far longer than
+the few seconds a ping needs; the pings that find an engine keep their own short timeout. A call
+that runs past it is one line naming the engine, what it was doing and the timeout.
+
+Where no registry answers, the Debian base image is built from
 ``debootstrap`` against the mirror apt is configured with, and every Python package comes from
 a wheelhouse filled on the host (``OFFLINE=1``).
 """
@@ -33,15 +43,22 @@ from pathlib import Path
 from typing import Any
 
 from harness.ci.matrix import CPU_BASE, Entry, build_args
+from harness.errors import Failed, InvalidValue, Unavailable
 from harness.extras import require
 
-__all__ = ["Engine", "sdk", "connect", "find_engine", "start_engine", "engine_version", "apt_mirror",
+__all__ = ["Engine", "sdk", "api_timeout", "API_TIMEOUT_S", "connect", "find_engine", "start_engine", "engine_version",
+           "apt_mirror",
            "ensure_cpu_base", "fill_wheelhouse", "build_image", "image_facts", "remove_image", "run_in_image",
            "DEBIAN_BASE_TAG"]
 
 DEBIAN_BASE_TAG = "harness-base:bookworm"
 _SUITE = "bookworm"
 _DEFAULT_HOST = "unix:///var/run/docker.sock"  # where the SDK, like the CLI, looks without DOCKER_HOST
+# Seconds an API call may wait for the engine (containers.run: create and start). Generous: on vfs
+# storage (the private engine's) creating a container copies the image's file system, minutes for a
+# TensorFlow image on a slow disk; the SDK's 60 s, or a ping's 5 s, is not enough there.
+API_TIMEOUT_S = 300.0
+_TIMEOUT_VAR = "HARNESS_DOCKER_TIMEOUT"
 Log = Callable[[str], None]
 
 
@@ -72,6 +89,31 @@ def _why(err: BaseException) -> str:
     return " ".join(str(text).split())
 
 
+def api_timeout() -> float:
+    """Seconds each Docker API call may wait for the engine: ``HARNESS_DOCKER_TIMEOUT``, else ``API_TIMEOUT_S`` (300).
+
+    Raises:
+        InvalidValue: ``HARNESS_DOCKER_TIMEOUT`` is not a positive number of seconds (naming it).
+    """
+    text = os.environ.get(_TIMEOUT_VAR, "").strip()
+    if not text:
+        return API_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise InvalidValue(f"{_TIMEOUT_VAR} must be a positive number of seconds; got {_TIMEOUT_VAR}={text!r}")
+    return seconds
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Whether an SDK error is its HTTP client's timeout (``Read timed out. (read timeout=5)``)."""
+    import requests
+
+    return isinstance(err, requests.exceptions.Timeout) or "timed out" in str(err)
+
+
 def _open(docker: Any, host: str | None, timeout: float) -> Any:
     # The configured engine goes through from_env, which also reads DOCKER_TLS_VERIFY and
     # DOCKER_CERT_PATH; any other address (a private engine's socket) is connected to directly.
@@ -80,35 +122,43 @@ def _open(docker: Any, host: str | None, timeout: float) -> Any:
     return docker.DockerClient(base_url=host, timeout=timeout)
 
 
-def connect(host: str | None = None, timeout: float = 60) -> Any:
+def connect(host: str | None = None, timeout: float | None = None) -> Any:
     """An SDK client (``docker.DockerClient``) for the engine at ``host``, which answered a ping.
 
     Args:
         host: the engine's address, e.g. ``unix:///run/x/docker.sock``; None: as ``DOCKER_HOST``
             (with its TLS variables) says, else the default socket.
-        timeout: seconds each API call may wait for the engine (log streams are exempt).
+        timeout: seconds each API call may wait for the engine (log streams and ``wait`` are
+            exempt); None: ``api_timeout()`` (300, or ``HARNESS_DOCKER_TIMEOUT``).
 
     Raises:
         RuntimeError: without the SDK, or when no engine answers there (one line naming the address).
     """
     docker = sdk()
+    timeout = api_timeout() if timeout is None else timeout
     try:
         client = _open(docker, host, timeout)
         client.ping()
     except _errors(docker) as err:
-        raise RuntimeError(f"no Docker engine answers at {_address(host)}: {_why(err)}") from None
+        raise Unavailable(f"no Docker engine answers at {_address(host)}: {_why(err)}") from None
     return client
 
 
 def _reach(host: str | None, timeout: float = 10) -> Any | None:
-    """``connect(host)``, or None where no engine answers there."""
+    """``connect(host)``, or None where no engine answers a ping there within ``timeout`` seconds.
+
+    Only the ping waits ``timeout``: the client returned waits ``api_timeout()`` per call, as
+    ``connect``'s does (a client kept with the ping's few seconds cannot create a container on a
+    vfs engine: "Read timed out. (read timeout=5)").
+    """
     docker = sdk()
     try:
-        client = _open(docker, host, timeout)
-        client.ping()
+        probe = _open(docker, host, timeout)
+        probe.ping()
     except _errors(docker):
         return None
-    return client
+    probe.close()
+    return _open(docker, host, api_timeout())
 
 
 def _address(host: str | None) -> str:
@@ -225,7 +275,7 @@ def docker_client() -> str:
         return _CLIENT[0]
     candidates = _candidates()
     if not candidates:
-        raise RuntimeError("no docker client on PATH (Debian: apt-get install docker.io)")
+        raise Unavailable("no docker client on PATH (Debian: apt-get install docker.io)")
     chosen = candidates[0]
     for path in candidates:
         if _run_ok([path, "buildx", "version"]):
@@ -271,7 +321,7 @@ def engine_version(engine: Engine) -> dict[str, str]:
     try:
         data = engine.client().version()
     except _errors(docker) as err:
-        raise RuntimeError(f"the Docker engine at {engine.address} did not give its version: {_why(err)}") from None
+        raise Failed(f"the Docker engine at {engine.address} did not give its version: {_why(err)}") from None
     return {"version": str(data.get("Version", "?")), "api_version": str(data.get("ApiVersion", "?")),
             "os": str(data.get("Os", "?")), "arch": str(data.get("Arch", "?"))}
 
@@ -287,10 +337,10 @@ def start_engine(root: Path, log: Log = _quiet, timeout: float = 90) -> Engine:
     sdk()
     missing = [tool for tool, found in (("docker", _candidates()), ("dockerd", shutil.which("dockerd"))) if not found]
     if missing:
-        raise RuntimeError(f"no Docker engine answers and {', '.join(missing)} is not installed "
+        raise Unavailable(f"no Docker engine answers and {', '.join(missing)} is not installed "
                            "(Debian: apt-get install docker.io)")
     if os.geteuid() != 0:
-        raise RuntimeError("no Docker engine answers, and starting a private dockerd needs root; "
+        raise Unavailable("no Docker engine answers, and starting a private dockerd needs root; "
                            "start one yourself and set DOCKER_HOST")
     root = Path(root)
     if root.exists():
@@ -318,7 +368,7 @@ def start_engine(root: Path, log: Log = _quiet, timeout: float = 90) -> Engine:
         time.sleep(0.5)
     log_tail = (root / "dockerd.log").read_text(errors="replace").splitlines()[-15:]
     engine.stop()
-    raise RuntimeError(f"the private dockerd did not answer within {timeout:.0f} s; its log ends:\n"
+    raise Failed(f"the private dockerd did not answer within {timeout:.0f} s; its log ends:\n"
                        + "\n".join(log_tail))
 
 
@@ -345,7 +395,7 @@ def apt_mirror(paths: list[Path] | None = None) -> str:
             uris = [i for i, part in enumerate(parts) if "://" in part]
             if parts[:1] == ["deb"] and uris and parts[uris[0] + 1:uris[0] + 2] == [_SUITE] and "main" in parts:
                 return parts[uris[0]]
-    raise RuntimeError(f"apt names no mirror for Debian {_SUITE} main in {[str(p) for p in paths]}")
+    raise Unavailable(f"apt names no mirror for Debian {_SUITE} main in {[str(p) for p in paths]}")
 
 
 def _inspect(engine: Engine, tag: str) -> dict:
@@ -358,9 +408,9 @@ def _inspect(engine: Engine, tag: str) -> dict:
     try:
         return engine.client().images.get(tag).attrs
     except docker.errors.ImageNotFound:
-        raise RuntimeError(f"no image {tag} in the Docker engine at {engine.address}") from None
+        raise Unavailable(f"no image {tag} in the Docker engine at {engine.address}") from None
     except _errors(docker) as err:
-        raise RuntimeError(f"could not inspect image {tag}: {_why(err)}") from None
+        raise Failed(f"could not inspect image {tag}: {_why(err)}") from None
 
 
 def _has_image(engine: Engine, tag: str) -> bool:
@@ -370,7 +420,7 @@ def _has_image(engine: Engine, tag: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     except _errors(docker) as err:
-        raise RuntimeError(f"could not inspect image {tag}: {_why(err)}") from None
+        raise Failed(f"could not inspect image {tag}: {_why(err)}") from None
     return True
 
 
@@ -403,16 +453,16 @@ def ensure_cpu_base(engine: Engine, cache: Path, want: str = CPU_BASE, log: Log 
     try:
         said = engine.client().api.import_image_from_file(str(tarball), repository=repository, tag=tag)
     except _errors(docker) as err:
-        raise RuntimeError(f"importing {tarball} as {DEBIAN_BASE_TAG} failed: {_why(err)}") from None
+        raise Failed(f"importing {tarball} as {DEBIAN_BASE_TAG} failed: {_why(err)}") from None
     if not _has_image(engine, DEBIAN_BASE_TAG):  # the engine reports some failures inside a 200 answer
-        raise RuntimeError(f"importing {tarball} left no image {DEBIAN_BASE_TAG}; the engine said: "
+        raise Failed(f"importing {tarball} left no image {DEBIAN_BASE_TAG}; the engine said: "
                            f"{' '.join(str(said).split())[-500:]}")
     return DEBIAN_BASE_TAG
 
 
 def _debootstrap(tarball: Path, log: Log) -> None:
     if shutil.which("debootstrap") is None:
-        raise RuntimeError("no Debian base image and no debootstrap to build one (apt-get install debootstrap)")
+        raise Unavailable("no Debian base image and no debootstrap to build one (apt-get install debootstrap)")
     mirror = apt_mirror()
     tarball.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
@@ -421,7 +471,7 @@ def _debootstrap(tarball: Path, log: Log) -> None:
         proc = subprocess.run(["debootstrap", "--variant=minbase", _SUITE, str(rootfs), mirror],
                               capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
-            raise RuntimeError(f"debootstrap failed (exit {proc.returncode}): "
+            raise Failed(f"debootstrap failed (exit {proc.returncode}): "
                                f"{proc.stdout[-1500:]}{proc.stderr[-500:]}")
         partial = tarball.with_suffix(".partial")
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True, timeout=600)
@@ -439,7 +489,7 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
     """
     host = f"{sys.version_info.major}.{sys.version_info.minor}"
     if offline and host != entry.python:
-        raise RuntimeError(f"an offline wheelhouse for {entry.name} needs Python {entry.python} on the host "
+        raise Unavailable(f"an offline wheelhouse for {entry.name} needs Python {entry.python} on the host "
                            f"to resolve its wheels; this is Python {host}")
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("harness-*.whl"):
@@ -459,7 +509,7 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
 def _pip(cmd: list[str], what: str, log: Log) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"pip could not build {what} (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        raise Failed(f"pip could not build {what} (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
     log(f"{what}: done")
 
 
@@ -480,7 +530,7 @@ def build_image(engine: Engine, dockerfile: Path, context: Path, tag: str, args:
     start = time.perf_counter()
     code, tail = engine.stream([*cmd, str(context)], log, timeout)
     if code != 0:
-        raise RuntimeError(f"building {tag} failed (exit {code}); the build output ends:\n" + "\n".join(tail[-25:]))
+        raise Failed(f"building {tag} failed (exit {code}); the build output ends:\n" + "\n".join(tail[-25:]))
     return time.perf_counter() - start
 
 
@@ -507,7 +557,7 @@ def remove_image(engine: Engine, tag: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     except _errors(docker) as err:
-        raise RuntimeError(f"could not remove image {tag}: {_why(err)}") from None
+        raise Failed(f"could not remove image {tag}: {_why(err)}") from None
     return True
 
 
@@ -549,7 +599,12 @@ def run_in_image(engine: Engine, tag: str, command: list[str], *, mount: Path | 
         try:
             container = client.containers.run(tag, command, **options)
         except errors as err:
-            raise RuntimeError(f"could not start a container of {what}: {_why(err)}") from None
+            if _timed_out(err):
+                raise Unavailable(
+                    f"the Docker engine at {engine.address} did not create and start a container of {what} within "
+                    f"the API timeout of {_client_timeout(client):.0f} s (set {_TIMEOUT_VAR}=SECONDS to wait "
+                    f"longer): {_why(err)}") from None
+            raise Failed(f"could not start a container of {what}: {_why(err)}") from None
         timer = threading.Timer(timeout, _kill, (container, killed, errors))
         timer.daemon = True
         timer.start()
@@ -559,7 +614,7 @@ def run_in_image(engine: Engine, tag: str, command: list[str], *, mount: Path | 
                 log(line)
             status = int(container.wait()["StatusCode"])
         except errors as err:
-            raise RuntimeError(f"the engine failed while running {what}: {_why(err)}") from None
+            raise Failed(f"the engine failed while running {what}: {_why(err)}") from None
         except KeyboardInterrupt:
             log(f"interrupted: stopping container {name}")
             try:
@@ -575,6 +630,12 @@ def run_in_image(engine: Engine, tag: str, command: list[str], *, mount: Path | 
         lines.append(f"(killed after {timeout:.0f} s)")
         log(lines[-1])
     return status, lines, time.perf_counter() - start
+
+
+def _client_timeout(client: Any) -> float:
+    """The seconds an SDK client's API calls wait (``DockerClient.api.timeout``), else ``api_timeout()``."""
+    seconds = getattr(getattr(client, "api", None), "timeout", None)
+    return float(seconds) if isinstance(seconds, (int, float)) else api_timeout()
 
 
 def _shorten(text: str, limit: int = 80) -> str:

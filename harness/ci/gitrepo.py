@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from harness.errors import InvalidValue
+
 __all__ = ["rev_parse", "find_commit", "is_ancestor", "default_branch", "first_parent", "commits_between",
            "subject"]
 
@@ -27,7 +29,7 @@ def rev_parse(repo: Path | str, ref: str) -> str:
     """
     found = find_commit(repo, ref)
     if found is None:
-        raise ValueError(f"not a commit in {repo}: {ref!r}")
+        raise InvalidValue(f"not a commit in {repo}: {ref!r}")
     return found
 
 
@@ -49,8 +51,8 @@ def first_parent(repo: Path | str, branch: str) -> list[str]:
     """
     done = _git(repo, "rev-list", "--first-parent", "--reverse", branch, "--")
     if done.returncode != 0:
-        raise ValueError(f"cannot list the commits of branch {branch!r} in {str(repo)!r}: "
-                         f"{done.stderr.strip() or 'not a git repository'}")
+        raise InvalidValue(f"cannot list the commits of branch {branch!r} in {str(repo)!r}: "
+                           f"{done.stderr.strip() or 'not a git repository'}")
     return done.stdout.split()
 
 
@@ -61,7 +63,7 @@ def commits_between(repo: Path | str, good: str, bad: str) -> list[str]:
         ValueError: ``good`` is not an ancestor of ``bad``.
     """
     if not is_ancestor(repo, good, bad):
-        raise ValueError(f"{good[:12]} is not an ancestor of {bad[:12]}: nothing to search between them")
+        raise InvalidValue(f"{good[:12]} is not an ancestor of {bad[:12]}: nothing to search between them")
     return first_parent(repo, f"{good}..{bad}")
 
 

@@ -36,6 +36,7 @@ from harness.ci import gitrepo, resultsdir
 from harness.ci.asvresults import Key
 from harness.ci.benchgate import higher_is_better
 from harness.ci.noise import relative_noise
+from harness.errors import InvalidValue
 
 __all__ = ["Series", "History", "Regression", "CommitsNotInRepo", "load_history", "find_regressions",
            "newer_than", "relative_noise", "DEFAULT_THRESHOLD"]
@@ -103,7 +104,7 @@ class Series:
         return relative_noise(ratios)
 
 
-class CommitsNotInRepo(ValueError):
+class CommitsNotInRepo(InvalidValue):
     """None of the results' commits is on the branch's first-parent line in the repository given."""
 
 
@@ -160,12 +161,12 @@ def load_history(results_dir: Path | str, machine: str | None = None, repo: Path
     """
     root = Path(results_dir)
     if not root.is_dir():
-        raise ValueError(f"no asv results folder at {str(root)!r} (an .asv/results folder or a checkout of the "
-                         "asv-results branch)")
+        raise InvalidValue(f"no asv results folder at {str(root)!r} (an .asv/results folder or a checkout of the "
+                           "asv-results branch)")
     machine = resultsdir.pick_machine(root, machine)
     points, dates = resultsdir.read_points(root, machine, resultsdir.load_benchmarks(root))
     if not dates:
-        raise ValueError(f"no asv results for machine {machine!r} in {str(root)!r}")
+        raise InvalidValue(f"no asv results for machine {machine!r} in {str(root)!r}")
     dropped: tuple[str, ...] = ()
     if repo is None:
         commits = tuple(sorted(dates, key=lambda c: (dates[c], c)))
@@ -254,11 +255,11 @@ def find_regressions(history: History, threshold: float = DEFAULT_THRESHOLD,
     from asv.step_detect import detect_regressions
 
     if not threshold >= 0:
-        raise ValueError(f"threshold must be a fraction >= 0 (0.05: 5%); got threshold={threshold!r}")
+        raise InvalidValue(f"threshold must be a fraction >= 0 (0.05: 5%); got threshold={threshold!r}")
     try:
         pattern = None if bench is None else re.compile(bench)
     except re.error as err:
-        raise ValueError(f"bench must be a regular expression; got bench={bench!r} ({err})") from None
+        raise InvalidValue(f"bench must be a regular expression; got bench={bench!r} ({err})") from None
     found = []
     for series in history.series.values():
         label = f"{series.name}({series.params})" if series.params else series.name
@@ -301,7 +302,7 @@ def newer_than(history: History, regressions: list[Regression], since: str) -> l
     commit = (gitrepo.find_commit(history.repo, since) if history.repo else None) or history.find_commit(since)
     if commit is None:
         where = f"in {history.repo!r}" if history.repo else f"among the {len(history.commits)} tested commits"
-        raise ValueError(f"--since {since!r} is neither an ISO date (2025-01-31) nor a commit {where}")
+        raise InvalidValue(f"--since {since!r} is neither an ISO date (2025-01-31) nor a commit {where}")
     position = history.position(commit)
     if position < 0:  # off the line: by ancestry
         return [r for r in regressions if not gitrepo.is_ancestor(history.repo or ".", r.first_bad, commit)]
@@ -315,7 +316,7 @@ def _parse_date(text: str) -> int | None:
     try:
         moment = datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError as err:
-        raise ValueError(f"--since {text!r} looks like a date but is not one ({err})") from None
+        raise InvalidValue(f"--since {text!r} looks like a date but is not one ({err})") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.timezone.utc)
     return int(moment.timestamp() * 1000)

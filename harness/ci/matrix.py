@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.errors import InvalidValue, Unavailable
+
 __all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest", "build_args", "bake_file", "CPU_BASE"]
 
 CPU_BASE = "debian:bookworm-slim"
@@ -70,34 +72,34 @@ def load_matrix(path: Path | str | None = None) -> list[Entry]:
         try:
             import tomli as tomllib
         except ImportError:
-            raise RuntimeError("reading docker/matrix.toml needs Python >= 3.11 or the tomli package") from None
+            raise Unavailable("reading docker/matrix.toml needs Python >= 3.11 or the tomli package") from None
 
     path = Path(path) if path is not None else default_path()
     with open(path, "rb") as f:
         data = tomllib.load(f)
     raw = data.get("entry")
     if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{path}: needs [[entry]] tables; found none")
+        raise InvalidValue(f"{path}: needs [[entry]] tables; found none")
     entries = []
     for i, item in enumerate(raw):
         where = f"{path}: entry {i + 1} ({item.get('name', '?')})"
         missing = [k for k in ("name", "tensorflow", "keras", "python", "cuda", "cudnn", "gpu_base") if k not in item]
         if missing:
-            raise ValueError(f"{where}: missing {', '.join(missing)}")
+            raise InvalidValue(f"{where}: missing {', '.join(missing)}")
         unknown = set(item) - set(Entry.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}")
+            raise InvalidValue(f"{where}: unknown field(s) {sorted(unknown)}")
         if not _NAME.match(item["name"]):
-            raise ValueError(f"{where}: name must be lower-case letters and digits; got {item['name']!r}")
+            raise InvalidValue(f"{where}: name must be lower-case letters and digits; got {item['name']!r}")
         for key in ("tensorflow", "python", "cuda", "cudnn"):
             if not _VERSION.match(str(item[key])):
-                raise ValueError(f"{where}: {key} must be a version like 2.21.0; got {item[key]!r}")
+                raise InvalidValue(f"{where}: {key} must be a version like 2.21.0; got {item[key]!r}")
         entries.append(Entry(**item))
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
-        raise ValueError(f"{path}: entry names must be unique; got {names}")
+        raise InvalidValue(f"{path}: entry names must be unique; got {names}")
     if sum(e.newest for e in entries) != 1:
-        raise ValueError(f"{path}: exactly one entry must say newest = true")
+        raise InvalidValue(f"{path}: exactly one entry must say newest = true")
     return entries
 
 
@@ -136,7 +138,7 @@ def build_args(entry: Entry, variant: str = "cpu", cpu_base: str = CPU_BASE) -> 
         ValueError: for an unknown variant.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {list(VARIANTS)}; got variant={variant!r}")
+        raise InvalidValue(f"variant must be one of {list(VARIANTS)}; got variant={variant!r}")
     tf_package = "tensorflow-cpu" if variant == "cpu" else "tensorflow[and-cuda]"
     return {
         "BASE_IMAGE": cpu_base if variant == "cpu" else entry.gpu_base,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.ci.asvresults import Key, combos, is_skipped
 from harness.ci.benchgate import higher_is_better
+from harness.errors import InvalidValue
 
 __all__ = ["Point", "machines", "pick_machine", "load_benchmarks", "read_points", "combine", "is_usable"]
 
@@ -35,12 +36,12 @@ def pick_machine(root: Path, machine: str | None) -> str:
     found = machines(root)
     if machine is not None:
         if machine not in found:
-            raise ValueError(f"no machine {machine!r} in {str(root)!r}; machines there: {', '.join(found) or 'none'}")
+            raise InvalidValue(f"no machine {machine!r} in {str(root)!r}; machines there: {', '.join(found) or 'none'}")
         return machine
     if not found:
-        raise ValueError(f"no asv results in {str(root)!r}: no machine folder (<machine>/machine.json)")
+        raise InvalidValue(f"no asv results in {str(root)!r}: no machine folder (<machine>/machine.json)")
     if len(found) > 1:
-        raise ValueError(f"{len(found)} machines in {str(root)!r}: {', '.join(found)}; choose one with --machine")
+        raise InvalidValue(f"{len(found)} machines in {str(root)!r}: {', '.join(found)}; choose one with --machine")
     return found[0]
 
 
@@ -50,7 +51,7 @@ def load_benchmarks(root: Path) -> dict:
 
     path = root / "benchmarks.json"
     if not path.is_file():
-        raise ValueError(f"no benchmarks.json in {str(root)!r} (asv run writes it beside the machine folders)")
+        raise InvalidValue(f"no benchmarks.json in {str(root)!r} (asv run writes it beside the machine folders)")
     return load_json(str(path), api_version=2)
 
 

@@ -1,11 +1,20 @@
-"""The ``harness`` command line. Subcommands live in their own modules."""
+"""The ``harness`` command line. Subcommands live in their own modules.
+
+Exit statuses: 0 success; 1 a check or run that failed (the subcommand's own verdict), or an
+internal error of harness (any exception it did not diagnose: its traceback, and a line asking to
+report it); 2 a usage error (argparse) or a ``harness.errors.HarnessError`` (a bad option value,
+something missing, a refusal: one line ``harness COMMAND: error: MESSAGE``; ``--debug`` shows its
+traceback instead).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from harness import __version__
+from harness.errors import HarnessError
 
 __all__ = ["main"]
 
@@ -42,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the CLI; returns the exit status."""
+    """Runs the CLI; returns the exit status (the module's docstring): 2 for a usage error or a
+    ``HarnessError`` (one line), 1 for any other exception (an internal error: its traceback)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -53,11 +63,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except (ValueError, TypeError, RuntimeError) as err:
+    except HarnessError as err:
         if args.debug:
             raise
         print(f"harness {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001  not diagnosed by harness: a bug, said to be one, with where it happened
+        if args.debug:
+            raise
+        traceback.print_exc(file=sys.stderr)
+        print(f"harness {args.command}: internal error: the exception above is a bug in harness (or a case it "
+              f"does not foresee); please report it with the traceback (harness {__version__})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

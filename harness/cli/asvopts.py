@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from harness.errors import InvalidValue
 from harness.extras import require
 
 __all__ = ["add_asv_options", "asv_project"]
@@ -33,6 +34,6 @@ def asv_project(args, command: str):
 
     config = Path(args.config).resolve()
     if not config.is_file():
-        raise ValueError(f"no asv config at {config}; run from the repository root or pass --config")
+        raise InvalidValue(f"no asv config at {config}; run from the repository root or pass --config")
     require("asv", package="asv", extra="bench", purpose=f"harness {command}")
     return AsvProject(config, args.machine or socket.gethostname(), resolve_mode(args.mode), args.install_command)

@@ -40,6 +40,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.asvopts import add_asv_options, asv_project
+from harness.errors import InvalidValue
 
 __all__ = ["add_parser", "run"]
 
@@ -69,13 +70,13 @@ def run(args) -> int:
     from harness.ci import asvresults, benchgate, gitrepo
 
     if not args.factor > 1:
-        raise ValueError(f"--factor must be > 1; got {args.factor:g}")
+        raise InvalidValue(f"--factor must be > 1; got {args.factor:g}")
     if args.rounds < 2:
-        raise ValueError(f"--rounds must be at least 2; got {args.rounds} (one run per commit is one value per "
-                         "benchmark: no spread to judge a change against)")
+        raise InvalidValue(f"--rounds must be at least 2; got {args.rounds} (one run per commit is one value per "
+                           "benchmark: no spread to judge a change against)")
     k = benchgate.NOISE_K if args.noise_k is None else args.noise_k
     if not k >= 0:
-        raise ValueError(f"--noise-k must be >= 0; got {k:g}")
+        raise InvalidValue(f"--noise-k must be >= 0; got {k:g}")
     project = asv_project(args, "bench-compare")
     config, machine = project.config, project.machine
     noise = _history_noise(args.history, args.history_machine or machine) if args.history else {}
@@ -102,7 +103,7 @@ def run(args) -> int:
             rows = [benchgate.after_rerun(row, rounds.base[(row.name, row.params)][-1],
                                           rounds.head[(row.name, row.params)][-1]) if row in borderline else row
                     for row in rows]
-    except ValueError as err:
+    except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
         print(f"harness bench-compare: {err}", file=sys.stderr)
         return 2
     status = benchgate.exit_status(rows)

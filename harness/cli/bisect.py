@@ -39,6 +39,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from harness.cli.asvopts import add_asv_options, asv_project
+from harness.errors import InvalidValue
 
 if TYPE_CHECKING:
     from harness.ci.bisect import Probe, Report
@@ -67,7 +68,7 @@ def run(args) -> int:
     from harness.ci import bisect
 
     if not args.factor > 1:
-        raise ValueError(f"--factor must be > 1; got {args.factor:g}")
+        raise InvalidValue(f"--factor must be > 1; got {args.factor:g}")
     project = asv_project(args, "bisect")
     report = bisect.bisect(project, args.benchmark, args.good, args.bad, params=args.params, factor=args.factor,
                            progress=_progress)

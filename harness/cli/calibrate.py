@@ -22,6 +22,7 @@ import os
 import sys
 
 from harness.bench import workloads
+from harness.errors import InvalidValue
 
 __all__ = ["add_parser", "run"]
 
@@ -50,13 +51,13 @@ def _precheck(args) -> None:
         workloads.get(name)
     workloads.check_size(args.size)
     if args.devices < 1:
-        raise ValueError(f"--devices must be >= 1; got {args.devices}")
+        raise InvalidValue(f"--devices must be >= 1; got {args.devices}")
     if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1; got {args.batch}")
+        raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
     if not args.seconds > 0:
-        raise ValueError(f"--seconds must be > 0; got {args.seconds:g}")
+        raise InvalidValue(f"--seconds must be > 0; got {args.seconds:g}")
     if args.windows < 1:
-        raise ValueError(f"--windows must be >= 1; got {args.windows}")
+        raise InvalidValue(f"--windows must be >= 1; got {args.windows}")
 
 
 def run(args) -> int:

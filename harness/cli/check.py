@@ -13,8 +13,11 @@ schedule, loss scaling, mixed_float16) on a dense model and a causal language
 model, at split 3:2 (``--zoo-splits`` for others). ``--zoo-models`` alone runs
 only the model zoo, ``--zoo-optimizers``/``--zoo-options``/``--zoo-axis-models``
 alone only the axis. Each case's status is a verdict of ``compare_training``
-(exact, as accurate as one device, exact in float64), refused (harness names
-what it does not support) or FAIL; the exit status is 1 if any case FAILs.
+(exact, or as accurate as one device: exact in float64 and within a few times the
+model's rounding floor), refused (harness names what it does not support) or FAIL,
+and must meet the case's pinned outcome (harness/bench/zoo/outcomes.json;
+``--pin-outcomes`` rewrites the pins of the cases run); the exit status is 1 if
+any case FAILs, its traceback printed where it raised.
 Progress goes to stderr.
 
 ``--workers N`` (or under ``harness launch``, ``TF_CONFIG`` set) checks across N local workers
@@ -43,6 +46,7 @@ from harness.bench.zoo import SPLITS as ZOO_SPLITS
 from harness.bench.zoo.optimizers import MODELS as AXIS_MODELS
 from harness.bench.zoo.optimizers import OPTIMIZERS as AXIS_OPTIMIZERS
 from harness.bench.zoo.optimizers import OPTIONS as AXIS_OPTIONS
+from harness.errors import InvalidValue, Unavailable
 from harness.parallel import METHODS as PARALLEL_METHODS
 from harness.split import split_batch, validate_ratios
 
@@ -98,8 +102,16 @@ def add_parser(subparsers) -> None:
     zoo.add_argument("--fast", action="store_true", help="only the zoo's fast subset (model zoo and optimizer axis)")
     zoo.add_argument("--keras", choices=["3", "2", "both"], default="3",
                      help="Keras generation: 3, 2 (tf-keras) or both (each one installed; default 3)")
-    zoo.add_argument("--format", choices=["text", "markdown", "json"], default=None,
-                     help="table format (default text; --json is --format json)")
+    zoo.add_argument("--format", choices=["text", "markdown", "json", "overview"], default=None,
+                     help="table format (default text; --json is --format json); overview: one Markdown line per "
+                          "model and the axis' counts per option, stamped with the command, commit and versions "
+                          "(docs/zoo.md)")
+    zoo.add_argument("--from-json", metavar="PATH",
+                     help="render (and with --pin-outcomes, pin) the rows of an earlier --format json run instead of "
+                          "running the cases")
+    zoo.add_argument("--pin-outcomes", action="store_true",
+                     help="write the outcomes of the cases run as their pins (harness/bench/zoo/outcomes.json): "
+                          "refused (with the reason id) and as accurate; exact ones unpinned; refused on a FAIL")
     p.set_defaults(run=run)
 
 
@@ -125,7 +137,7 @@ def run(args) -> int:
     if args.zoo:
         return _zoo(args)
     if args.batch_size <= 0 or args.samples <= 0:
-        raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
+        raise InvalidValue(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
     devices = _devices(args)
     ratios = validate_ratios(args.ratios or [5, 3, 2], len(devices))
     _say(args, f"devices {devices}, ratios {list(ratios)}: batch {args.batch_size} -> "
@@ -147,9 +159,9 @@ def _launch_workers(args) -> int:
     from harness.launch import launch
 
     if args.workers is None:
-        raise ValueError("--devices-per-worker needs --workers N")
+        raise InvalidValue("--devices-per-worker needs --workers N")
     if os.environ.get("TF_CONFIG"):
-        raise ValueError("--workers starts its own workers; this process already is one (TF_CONFIG is set)")
+        raise InvalidValue("--workers starts its own workers; this process already is one (TF_CONFIG is set)")
     command = [sys.executable, "-m", "harness", "check", "--models", *args.models, "--batch-size",
                str(args.batch_size), "--samples", str(args.samples), "--optimizer", args.optimizer, "--tol",
                str(args.tol)]
@@ -164,15 +176,15 @@ def _launch_workers(args) -> int:
 def _across_workers(args) -> int:
     """The equivalence check over ``TF_CONFIG``'s cluster (method mirrored); the chief prints."""
     if args.zoo:
-        raise ValueError("harness check --zoo runs in one process; start it without harness launch")
+        raise InvalidValue("harness check --zoo runs in one process; start it without harness launch")
     if args.devices:
-        raise ValueError("across workers, each worker's devices come from harness launch --devices-per-worker; "
-                         f"got --devices {' '.join(args.devices)}")
+        raise InvalidValue("across workers, each worker's devices come from harness launch --devices-per-worker; "
+                           f"got --devices {' '.join(args.devices)}")
     if args.batch_size <= 0 or args.samples <= 0:
-        raise ValueError(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
+        raise InvalidValue(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
     refused = [m for m in args.methods or [] if m != "mirrored"]
     if refused:
-        raise ValueError(f"across workers harness check runs method mirrored only; got --methods {' '.join(refused)}")
+        raise InvalidValue(f"across workers harness check runs method mirrored only; got --methods {' '.join(refused)}")
     from harness.parallel.multiworker import use_cluster
 
     cluster = use_cluster()  # first: it starts this worker's server and the devices
@@ -208,17 +220,20 @@ def optimizer_factory(spec: str):
     for item in filter(None, (part.strip() for part in settings.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--optimizer settings are key=value pairs; got {item!r} in --optimizer {spec!r}")
+            raise InvalidValue(f"--optimizer settings are key=value pairs; got {item!r} in --optimizer {spec!r}")
         try:
             config[key.strip()] = ast.literal_eval(value.strip())
         except (ValueError, SyntaxError) as err:
-            raise ValueError(f"--optimizer setting {key.strip()}={value.strip()!r} is not a number, True/False or "
-                             f"None (in --optimizer {spec!r})") from err
+            raise InvalidValue(f"--optimizer setting {key.strip()}={value.strip()!r} is not a number, True/False or "
+                               f"None (in --optimizer {spec!r})") from err
 
     def make():
         import keras
 
-        return keras.optimizers.get({"class_name": name.strip(), "config": config} if config else name.strip())
+        # The name's optimizer, then its config with the settings: Keras 2.15's get() of a config dict makes a
+        # legacy optimizer (its `variables` a method), where get() of the name makes the current one.
+        optimizer = keras.optimizers.get(name.strip())
+        return type(optimizer).from_config({**optimizer.get_config(), **config}) if config else optimizer
 
     make.__name__ = spec
     return make
@@ -314,6 +329,33 @@ def _timings(args, devices, ratios) -> list[dict]:
 def _zoo(args) -> int:
     from harness.bench import zoo
 
+    if args.from_json:
+        from pathlib import Path
+
+        from harness.bench.zoo import outcomes
+
+        rows, stamp = zoo.from_json(Path(args.from_json).read_text())
+        rows = outcomes.rejudged(rows, outcomes.load())  # held to today's pins
+        stamp = stamp or f"the rows of {args.from_json}"
+    else:
+        rows, stamp = _zoo_rows(args)
+    render = {"text": zoo.text_table, "markdown": zoo.markdown, "json": lambda found: zoo.to_json(found, stamp),
+              "overview": lambda found: zoo.overview(found, stamp)}
+    print(render["json" if args.json else args.format or "text"](rows))
+    if args.pin_outcomes:  # a FAIL other than a missed pin refuses (InvalidValue): nothing is written then
+        from harness.bench.zoo import outcomes
+
+        pins = outcomes.write(rows)
+        print(f"pinned the outcomes of {len(rows)} cases in {outcomes.pins_path()} ({len(pins)} pins in all; a case "
+              "not pinned must be exact)", file=sys.stderr)
+        return 0
+    return 1 if any(row.failed for row in rows) else 0
+
+
+def _zoo_rows(args) -> tuple[list, str]:
+    """The zoo's cases run as ``args`` choose, with progress on stderr; and their stamp."""
+    from harness.bench import zoo
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log noise out of the progress lines
     generations = _generations(args.keras)
     devices = _devices(args)
@@ -335,9 +377,23 @@ def _zoo(args) -> int:
             rows += zoo.run_optimizer_axis(args.zoo_axis_models, args.zoo_optimizers, args.zoo_options,
                                            methods=args.methods, splits=args.zoo_splits or ["3:2"], keras=keras,
                                            fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
-    render = {"text": zoo.text_table, "markdown": zoo.markdown, "json": zoo.to_json}
-    print(render["json" if args.json else args.format or "text"](rows))
-    return 1 if any(row.failed for row in rows) else 0
+    return rows, _stamp(devices)
+
+
+def _stamp(devices: list[str]) -> str:
+    """Where a zoo overview came from: the command, harness' commit (dirty or not), the versions, the devices."""
+    import datetime
+
+    from harness.bench.environment import fingerprint
+
+    fp = fingerprint(import_tf=True)
+    found = fp["harness"]
+    commit = "not a git checkout" if not found["git_commit"] else (
+        f"commit {found['git_commit'][:12]}" + (" with uncommitted changes" if found["git_dirty"] else ""))
+    return (f"`harness {' '.join(sys.argv[1:])}` at {commit}, TensorFlow {fp['tensorflow']['version']}, "
+            f"keras {fp['keras']['keras_package'] or '-'}, tf-keras {fp['keras']['tf_keras_package'] or '-'}, "
+            f"{len(devices)} devices ({', '.join(devices)}), "
+            f"{datetime.date.today().isoformat()}.")
 
 
 def _generations(keras: str) -> list[str]:
@@ -349,7 +405,7 @@ def _generations(keras: str) -> list[str]:
     for generation in zoo.GENERATIONS:
         try:
             zoo.keras_module(generation)
-        except ValueError as err:
+        except Unavailable as err:
             print(f"keras {generation}: skipped: {err}", file=sys.stderr)
         else:
             found.append(generation)

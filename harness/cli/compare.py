@@ -38,6 +38,7 @@ from pathlib import Path
 
 from harness.cli import options
 from harness.cli.run import Output
+from harness.errors import InvalidValue
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["add_parser", "run"]
@@ -93,7 +94,7 @@ def run(args) -> int:
 
     options.check_common(args)
     if args.batch is not None and args.batch < 1:
-        raise ValueError(f"--batch must be >= 1; got {args.batch}")
+        raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
     if args.ratios is not None:
         validate_ratios(args.ratios, len(args.ratios))
     setup = options.setup_devices(args)
@@ -103,7 +104,7 @@ def run(args) -> int:
     size = options.default_size(args, setup)
     batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
     if batch < n:
-        raise ValueError(f"--batch must be at least the device count ({n}); got {batch}")
+        raise InvalidValue(f"--batch must be at least the device count ({n}); got {batch}")
     singles, common = _rows(args, setup, size, batch)
     out = Output(args, "compare", {"model": args.model, "size": size, "devices": list(setup.devices),
                                    "batch": batch, "device_kind": setup.kind,
@@ -234,9 +235,10 @@ def _compare_cluster(args) -> int:
     from harness.cli.run import cluster_plan, execute_cluster
 
     if args.rebalance < 1:
-        raise ValueError(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
+        raise InvalidValue(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
     if args.methods != list(PARALLEL_METHODS) and args.methods != ["mirrored"]:
-        raise ValueError(f"across workers harness trains with method mirrored; got --methods {' '.join(args.methods)}")
+        raise InvalidValue("across workers harness trains with method mirrored; "
+                           f"got --methods {' '.join(args.methods)}")
 
     def plan(label: str, **changes):
         row = argparse.Namespace(**{**vars(args), "method": "mirrored", "batches": None, "throttle": None,
@@ -307,7 +309,7 @@ def comparison_table(rows: list[dict]) -> str:
         busy = [d.get("busy_fraction", {}).get("median") for d in (row.get("summary") or {}).get("devices", [])]
         table.append([row["label"], "/".join(str(b) for b in cfg["batches"]),
                       "-" if value is None else f"{value:.0f}",
-                      "-" if spread is None else f"{100 * spread:.1f}%",
+                      "n/a" if spread is None else f"{100 * spread:.1f}%",
                       "-" if rel is None else f"{rel:.2f}",
                       " ".join(f"{100 * b:.0f}%" for b in busy if b is not None) or "-",
                       _status(row)])

@@ -4,7 +4,9 @@ Drives the engine through the Docker SDK for Python (``pip install 'harness[ci]'
 the one ``DOCKER_HOST`` names, else the default socket. Only the build goes through
 the ``docker`` command line (BuildKit, which the SDK lacks). Where no engine answers
 and this is root, starts a private dockerd (vfs, no iptables, own socket and data
-root under ``--work-dir``) and stops and deletes it afterwards.
+root under ``--work-dir``) and stops and deletes it afterwards. Each call to the engine may
+take ``HARNESS_DOCKER_TIMEOUT`` seconds (default 300: a vfs engine copies the whole image to
+create a container); one that takes longer fails naming the engine and the timeout.
 Where no registry answers, the Debian base is built with debootstrap. By default
 every package comes from a wheelhouse filled on the host (``--offline``, the
 mode for air-gapped runners); ``--online`` lets pip inside the build use the index.
@@ -28,11 +30,12 @@ from pathlib import Path
 
 from harness.ci import containers
 from harness.ci.matrix import build_args, default_path, image_tag, load_matrix, newest
+from harness.errors import Failed, InvalidValue, Unavailable
 
 __all__ = ["add_parser", "run"]
 
 _SUITE_CMD = ("mkdir -p ~/src && tar -C /src --exclude=./.venv --exclude=./.tox --exclude=./.asv "
-              "--exclude=./docker/wheelhouse -cf - . | tar -C ~/src -xf - && cd ~/src && "
+              "--exclude=./.hypothesis --exclude=./docker/wheelhouse -cf - . | tar -C ~/src -xf - && cd ~/src && "
               "python -m pytest -p no:cacheprovider -q -n {workers} -m 'not docker and not gpu' {extra}")
 
 
@@ -70,12 +73,12 @@ def run(args) -> int:
     by_name = {e.name: e for e in entries}
     entry = newest(entries) if args.entry is None else by_name.get(args.entry)
     if entry is None:
-        raise ValueError(f"--entry must be one of {sorted(by_name)}; got {args.entry!r}")
+        raise InvalidValue(f"--entry must be one of {sorted(by_name)}; got {args.entry!r}")
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1; got {args.workers}")
+        raise InvalidValue(f"--workers must be >= 1; got {args.workers}")
     repo = default_path().parent.parent
     if not (repo / "docker" / "Dockerfile").exists():
-        raise RuntimeError(f"harness docker needs a checkout with docker/Dockerfile; {repo} has none")
+        raise Unavailable(f"harness docker needs a checkout with docker/Dockerfile; {repo} has none")
     work = Path(args.work_dir or Path.home() / ".cache" / "harness" / "docker").resolve()
     tag = image_tag(entry, args.variant)
     report: dict = {"entry": entry.name, "variant": args.variant, "tag": tag, "offline": args.offline,
@@ -146,7 +149,7 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
                                                    log=_log, timeout=300)
     report.update(env_rc=code, env_output="\n".join(lines), env_s=round(seconds, 1))
     if code != 0:
-        raise RuntimeError(f"`harness env` failed in {tag} (exit {code})")
+        raise Failed(f"`harness env` failed in {tag} (exit {code})")
     if args.action == "test":
         command = _SUITE_CMD.format(workers=args.workers, extra=args.pytest_args)
         _say(f"fast suite in {tag}: {command.split('&& ')[-1]}")

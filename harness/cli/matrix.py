@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.errors import InvalidValue
+
 __all__ = ["add_parser", "run"]
 
 
@@ -47,12 +49,12 @@ def run(args) -> int:
         envs = args.envs.split(",") if args.envs else known
         unknown = [e for e in envs if e not in known and e not in ("py", "gpu")]
         if unknown:
-            raise ValueError(f"--envs must name matrix tox envs {known}; got {unknown}")
+            raise InvalidValue(f"--envs must name matrix tox envs {known}; got {unknown}")
         repo = default_path().parent.parent
         suites = [s.strip() for s in args.suites.split(",") if s.strip()]
         missing = [s for s in suites if not (repo / "tests" / s).is_dir()]
         if missing or not suites:
-            raise ValueError(f"--suites must name folders under tests/; got {missing or suites}")
+            raise InvalidValue(f"--suites must name folders under tests/; got {missing or suites}")
         out.mkdir(parents=True, exist_ok=True)
         results = [_run_env(env, i, len(envs), suites, repo, out, args) for i, env in enumerate(envs, 1)]
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.bench import workloads
 from harness.emulate import EmulatedDevice, parse_emulate
+from harness.errors import InvalidValue
 
 __all__ = ["SEED_000_EMULATE", "DeviceSetup", "add_common", "setup_devices", "check_common", "default_size",
            "expected_device_count", "chart"]
@@ -63,21 +64,21 @@ def check_common(args) -> None:
     if args.size is not None:
         workloads.check_size(args.size)
     if not args.seconds > 0:
-        raise ValueError(f"--seconds must be > 0; got {args.seconds:g}")
+        raise InvalidValue(f"--seconds must be > 0; got {args.seconds:g}")
     if args.windows < 1:
-        raise ValueError(f"--windows must be >= 1; got {args.windows}")
+        raise InvalidValue(f"--windows must be >= 1; got {args.windows}")
     if args.warmup_steps < 1:
-        raise ValueError(f"--warmup-steps must be >= 1; got {args.warmup_steps}")
+        raise InvalidValue(f"--warmup-steps must be >= 1; got {args.warmup_steps}")
     if args.input_delay_ms < 0:
-        raise ValueError(f"--input-delay-ms must be >= 0; got {args.input_delay_ms:g}")
+        raise InvalidValue(f"--input-delay-ms must be >= 0; got {args.input_delay_ms:g}")
     if args.logical_cpus is not None and args.logical_cpus < 1:
-        raise ValueError(f"--logical-cpus must be >= 1; got {args.logical_cpus}")
+        raise InvalidValue(f"--logical-cpus must be >= 1; got {args.logical_cpus}")
     if args.emulate is not None:
         specs = parse_emulate(args.emulate)
         if args.devices:
-            raise ValueError(f"--emulate runs on logical CPU devices; drop --devices {' '.join(args.devices)}")
+            raise InvalidValue(f"--emulate runs on logical CPU devices; drop --devices {' '.join(args.devices)}")
         if args.logical_cpus is not None and args.logical_cpus != len(specs):
-            raise ValueError(f"--emulate has {len(specs)} devices but --logical-cpus is {args.logical_cpus}")
+            raise InvalidValue(f"--emulate has {len(specs)} devices but --logical-cpus is {args.logical_cpus}")
 
 
 def expected_device_count(args) -> int | None:
@@ -138,7 +139,7 @@ def setup_devices(args) -> DeviceSetup:
 def _cpu_id(device: str) -> int:
     text = device.lower().removeprefix("/").removeprefix("device:").removeprefix("cpu:").removeprefix("gpu:")
     if not text.isdigit():
-        raise ValueError(f"without a GPU, --devices takes ids of logical CPU devices (0 1 ...); got {device!r}")
+        raise InvalidValue(f"without a GPU, --devices takes ids of logical CPU devices (0 1 ...); got {device!r}")
     return int(text)
 
 

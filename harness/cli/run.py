@@ -43,6 +43,7 @@ from pathlib import Path
 
 from harness.bench.runner import METHODS
 from harness.cli import options
+from harness.errors import InvalidValue, Unavailable
 
 __all__ = ["add_parser", "run"]
 
@@ -87,17 +88,17 @@ def parse_throttle(entries, count: int | None = None) -> tuple[tuple[int, float,
     for entry in entries or ():
         match = _THROTTLE.match(entry)
         if not match:
-            raise ValueError(f"--throttle wants INDEX:RATE@STEP entries such as 1:400@40; got {entry!r}")
+            raise InvalidValue(f"--throttle wants INDEX:RATE@STEP entries such as 1:400@40; got {entry!r}")
         index, step = int(match.group(1)), int(match.group(3))
         try:
             rate = float(match.group(2))
         except ValueError:
-            raise ValueError(f"--throttle RATE must be a number of samples/s; got {match.group(2)!r} in "
-                             f"{entry!r}") from None
+            raise InvalidValue(f"--throttle RATE must be a number of samples/s; got {match.group(2)!r} in "
+                               f"{entry!r}") from None
         if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"--throttle RATE must be a positive number of samples/s; got {entry!r}")
+            raise InvalidValue(f"--throttle RATE must be a positive number of samples/s; got {entry!r}")
         if count is not None and index >= count:
-            raise ValueError(f"--throttle INDEX must name one of the {count} devices (0..{count - 1}); got {entry!r}")
+            raise InvalidValue(f"--throttle INDEX must name one of the {count} devices (0..{count - 1}); got {entry!r}")
         out.append((index, rate, step))
     return tuple(out)
 
@@ -107,14 +108,14 @@ def _batches(args, devices) -> tuple[int, ...]:
 
     if args.batches is not None:
         if args.ratios is not None or args.batch is not None:
-            raise ValueError("give either --batches or --ratios/--batch, not both")
+            raise InvalidValue("give either --batches or --ratios/--batch, not both")
         if len(args.batches) != len(devices):
-            raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {len(devices)} devices "
-                             f"{list(devices)}: give one per device")
+            raise InvalidValue(f"--batches has {len(args.batches)} sizes {args.batches} for {len(devices)} devices "
+                               f"{list(devices)}: give one per device")
         return tuple(args.batches)  # each >= 1: _precheck
     batch = options.BATCH_PER_DEVICE * len(devices) if args.batch is None else args.batch
     if batch < len(devices):
-        raise ValueError(f"--batch must be at least the device count ({len(devices)}); got {batch}")
+        raise InvalidValue(f"--batch must be at least the device count ({len(devices)}); got {batch}")
     return split_batch(batch, [1.0] * len(devices) if args.ratios is None else args.ratios)
 
 
@@ -123,17 +124,17 @@ def _precheck(args, count: int | None = None) -> None:
     options.check_common(args)
     count = options.expected_device_count(args) if count is None else count
     if args.batches is not None and count is not None and len(args.batches) != count:
-        raise ValueError(f"--batches has {len(args.batches)} sizes {args.batches} for {count} devices: give one "
-                         "per device")
+        raise InvalidValue(f"--batches has {len(args.batches)} sizes {args.batches} for {count} devices: give one "
+                           "per device")
     if args.ratios is not None and count is not None and len(args.ratios) != count:
-        raise ValueError(f"--ratios has {len(args.ratios)} values {args.ratios} for {count} devices: give one "
-                         "per device")
+        raise InvalidValue(f"--ratios has {len(args.ratios)} values {args.ratios} for {count} devices: give one "
+                           "per device")
     if args.method == "single" and count not in (None, 1):
-        raise ValueError(f"--method single runs on one device; got {count} devices")
+        raise InvalidValue(f"--method single runs on one device; got {count} devices")
     if args.batches is not None and any(b < 1 for b in args.batches):
-        raise ValueError(f"--batches must be >= 1 each; got {args.batches}")
+        raise InvalidValue(f"--batches must be >= 1 each; got {args.batches}")
     if args.batch is not None and args.batch < 1:
-        raise ValueError(f"--batch must be >= 1; got {args.batch}")
+        raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
     if args.ratios is not None:
         from harness.split import validate_ratios
 
@@ -144,12 +145,12 @@ def _precheck(args, count: int | None = None) -> None:
 def _precheck_rebalance(args, count: int | None) -> None:
     if args.rebalance is not None:
         if args.rebalance < 1:
-            raise ValueError(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
+            raise InvalidValue(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
         if args.method == "single" or count == 1:
-            raise ValueError("--rebalance re-splits the batch over several devices; got one device")
+            raise InvalidValue("--rebalance re-splits the batch over several devices; got one device")
     throttle = parse_throttle(args.throttle, count)
     if throttle and args.emulate is None and (args.devices or args.logical_cpus is not None):
-        raise ValueError("--throttle changes an emulated device's rate: use it with --emulate")
+        raise InvalidValue("--throttle changes an emulated device's rate: use it with --emulate")
 
 
 def run(args) -> int:
@@ -218,34 +219,34 @@ def cluster_plan(args):
     from harness.launch import device_counts
 
     if args.workers is None:
-        raise ValueError("--devices-per-worker needs --workers N")
+        raise InvalidValue("--devices-per-worker needs --workers N")
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1; got {args.workers}")
+        raise InvalidValue(f"--workers must be >= 1; got {args.workers}")
     try:
         counts = device_counts(args.devices_per_worker, args.workers) or [1] * args.workers
     except ValueError as err:
-        raise ValueError(f"--devices-per-worker: {err}") from None
+        raise InvalidValue(f"--devices-per-worker: {err}") from None
     if args.devices or args.logical_cpus is not None:
-        raise ValueError("with --workers each worker makes its own devices: give --devices-per-worker (and "
-                         "--emulate), not --devices/--gpus or --logical-cpus")
+        raise InvalidValue("with --workers each worker makes its own devices: give --devices-per-worker (and "
+                           "--emulate), not --devices/--gpus or --logical-cpus")
     method = args.method or "mirrored"
     if args.rebalance is not None and method == "keras":
-        raise ValueError("--rebalance re-splits harness' model; the stock baseline (--method keras) keeps Keras' "
-                         "even split")
+        raise InvalidValue("--rebalance re-splits harness' model; the stock baseline (--method keras) keeps Keras' "
+                           "even split")
     if method not in CLUSTER_METHODS:
-        raise ValueError(f"--workers trains with --method mirrored (harness across workers, the default) or keras "
-                         f"(the stock MultiWorkerMirroredStrategy); got --method {method}")
+        raise InvalidValue(f"--workers trains with --method mirrored (harness across workers, the default) or keras "
+                           f"(the stock MultiWorkerMirroredStrategy); got --method {method}")
     if method == "keras" and max(counts) > 1:
         several = ", ".join(str(w) for w, c in enumerate(counts) if c > 1)
-        raise ValueError(f"--method keras --workers {args.workers} is Keras 2's fit (tf_keras) under a stock "
-                         f"MultiWorkerMirroredStrategy, one replica per worker: worker {several} with several "
-                         f"devices (--devices-per-worker {' '.join(map(str, args.devices_per_worker))}) cannot be "
-                         "one. Give each worker one device, or use --method mirrored")
+        raise InvalidValue(f"--method keras --workers {args.workers} is Keras 2's fit (tf_keras) under a stock "
+                           f"MultiWorkerMirroredStrategy, one replica per worker: worker {several} with several "
+                           f"devices (--devices-per-worker {' '.join(map(str, args.devices_per_worker))}) cannot be "
+                           "one. Give each worker one device, or use --method mirrored")
     if method == "keras":
         from harness.bench.cluster_run import stock_keras_name, stock_refusal_text
 
         if stock_keras_name() is None:
-            raise ValueError(stock_refusal_text())
+            raise Unavailable(stock_refusal_text())  # no tf_keras here
     total = sum(counts)
     options.check_common(args)
     gpus = 0 if args.emulate is not None else gpu_count()
@@ -255,12 +256,12 @@ def cluster_plan(args):
         what = f"--emulate {emulate}" if args.emulate is not None else \
             f"without GPUs and --emulate, seed 000's emulated cards {emulate}"
         hint = "" if args.devices_per_worker else " (--devices-per-worker gives a worker several)"
-        raise ValueError(f"{what} has {len(specs)} devices; the cluster has {total} ({args.workers} workers with "
-                         f"{counts} devices{hint}): give one --emulate entry per device, worker by worker")
+        raise InvalidValue(f"{what} has {len(specs)} devices; the cluster has {total} ({args.workers} workers with "
+                           f"{counts} devices{hint}): give one --emulate entry per device, worker by worker")
     if specs is None and total > gpus:
-        raise ValueError(f"the cluster needs {total} GPUs ({counts} per worker); this machine has {gpus}")
+        raise InvalidValue(f"the cluster needs {total} GPUs ({counts} per worker); this machine has {gpus}")
     if args.throttle and specs is None:
-        raise ValueError("--throttle changes an emulated device's rate: use it with --emulate")
+        raise InvalidValue("--throttle changes an emulated device's rate: use it with --emulate")
     _precheck(args, total)
     kind = "CPU" if specs is not None else "GPU"
     names = tuple(task_device(w, i, kind) for w, count in enumerate(counts) for i in range(count))
@@ -448,8 +449,8 @@ def summary_text(result: dict, setup) -> str:
     s = result["summary"]["samples_per_second"]
     kind = "" if setup.kind != "emulated" else (" [emulated devices, HOST-BOUND: see the warning]" if host_bound(result)
                                                 else " [emulated devices]")
-    text = (f"median {s['median']:.0f} samples/s over {s['n']} windows (spread {100 * (s['spread'] or 0):.1f}%)"
-            f"{kind}")
+    spread = "n/a" if s["spread"] is None else f"{100 * s['spread']:.1f}%"
+    text = f"median {s['median']:.0f} samples/s over {s['n']} windows (spread {spread}){kind}"
     if result.get("workers"):
         text += "\nper worker (median): " + ", ".join(
             f"worker {w['worker']} {w['samples_per_second']['median']:.0f} samples/s" for w in result["workers"]

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from harness.cli import options
+from harness.errors import InvalidValue
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["add_parser", "run"]
@@ -55,23 +56,23 @@ def add_parser(subparsers) -> None:
 def _precheck(args) -> None:
     options.check_common(args)
     if args.global_batch is not None and args.global_batch < 1:
-        raise ValueError(f"--global-batch must be >= 1; got {args.global_batch}")
+        raise InvalidValue(f"--global-batch must be >= 1; got {args.global_batch}")
     if not 0 <= args.margin < 1:
-        raise ValueError(f"--margin must be in [0, 1); got {args.margin:g}")
+        raise InvalidValue(f"--margin must be in [0, 1); got {args.margin:g}")
     if args.start_batch < 1:
-        raise ValueError(f"--start-batch must be >= 1; got {args.start_batch}")
+        raise InvalidValue(f"--start-batch must be >= 1; got {args.start_batch}")
     if args.max_batch < args.start_batch:
-        raise ValueError(f"--max-batch must be >= --start-batch ({args.start_batch}); got {args.max_batch}")
+        raise InvalidValue(f"--max-batch must be >= --start-batch ({args.start_batch}); got {args.max_batch}")
     if not args.max_step_s > 0:
-        raise ValueError(f"--max-step-s must be > 0; got {args.max_step_s:g}")
+        raise InvalidValue(f"--max-step-s must be > 0; got {args.max_step_s:g}")
     if not 0 < args.tolerance < 1:
-        raise ValueError(f"--tolerance must be in (0, 1); got {args.tolerance:g}")
+        raise InvalidValue(f"--tolerance must be in (0, 1); got {args.tolerance:g}")
     if args.global_batch is not None and args.emulate is not None:
         specs = options.parse_emulate(args.emulate)
         caps = [s.max_batch for s in specs if s.max_batch is not None]
         if len(caps) == len(specs) and args.global_batch > sum(caps):  # every device's memory is known
-            raise ValueError(f"--global-batch {args.global_batch} exceeds the emulated devices' memory together "
-                             f"({'+'.join(str(c) for c in caps)} = {sum(caps)})")
+            raise InvalidValue(f"--global-batch {args.global_batch} exceeds the emulated devices' memory together "
+                               f"({'+'.join(str(c) for c in caps)} = {sum(caps)})")
 
 
 def run(args) -> int:

@@ -7,6 +7,7 @@ from enum import Enum
 
 from harness.cluster import Cluster
 from harness.emulate import emulator_for
+from harness.errors import InvalidType, InvalidValue, NotSupported
 from harness.split import validate_ratios
 
 __all__ = ["parallelize", "multi_gpu_model", "Method", "METHODS"]
@@ -46,7 +47,7 @@ def parallelize(
             layers it cannot train exactly raise
             ``harness.compat.Keras2NotSupported``. A model with its own
             ``train_step``/``test_step``/``compute_loss`` is refused
-            (``NotImplementedError``): the parallel steps would skip it.
+            (``harness.errors.NotSupported``, a ``NotImplementedError``): the parallel steps would skip it.
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU); or the
             ``harness.use_cluster()`` of a multi-worker run (``method="mirrored"``;
@@ -77,10 +78,14 @@ def parallelize(
         A ``keras.Model`` to ``compile`` and ``fit``.
 
     Raises:
-        TypeError: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong type.
-        ValueError: unbuilt model, unknown method or devices, invalid ratios; a BatchNormalization
-            layer ``method`` cannot synchronise (names it; ``harness.compat.Keras2NotSupported`` on Keras 2).
-        NotImplementedError: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``.
+        harness.errors.InvalidType: ``model`` is not a Keras model, or ``devices``/``ratios`` have the wrong
+            type (a ``TypeError``).
+        harness.errors.InvalidValue: unbuilt model, unknown method or devices, invalid ratios (a ``ValueError``).
+        harness.errors.Refused: what ``method`` cannot train exactly, by name (a ``ValueError``): a
+            BatchNormalization layer it cannot synchronise (``harness.compat.Keras2NotSupported``, also a
+            ``RuntimeError``, on Keras 2), a layer towers cannot run.
+        harness.errors.NotSupported: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``
+            (a ``Refused`` and a ``NotImplementedError``).
 
     Example:
         >>> import harness, keras
@@ -95,21 +100,21 @@ def parallelize(
     from harness.parallel.adapters import adapter_for
 
     if method not in METHODS:
-        raise ValueError(f"method must be one of {list(METHODS)}; got method={method!r}")
+        raise InvalidValue(f"method must be one of {list(METHODS)}; got method={method!r}")
     if not is_keras2_model(model):  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
         import keras
 
         if not isinstance(model, keras.Model):
-            raise TypeError(f"model must be a keras.Model; got {type(model).__name__}")
+            raise InvalidType(f"model must be a keras.Model; got {type(model).__name__}")
     if not model.built:
-        raise ValueError(
+        raise InvalidValue(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
         )
     _refuse_own_train_step(model)
     cluster = devices if isinstance(devices, Cluster) else None
     if cluster is not None and method != "mirrored":
-        raise ValueError(f"across workers (a harness.use_cluster() cluster as devices) method must be 'mirrored'; "
-                         f"got method={method!r}")
+        raise InvalidValue(f"across workers (a harness.use_cluster() cluster as devices) method must be 'mirrored'; "
+                           f"got method={method!r}")
     names = list(devices.devices) if isinstance(devices, Cluster) else resolve_devices(devices)
     auto = _is_auto(ratios)  # True for "auto", False for None or a sequence; raises for any other str
     ratios = validate_ratios([1.0] * len(names) if ratios is None or isinstance(ratios, str) else ratios, len(names))
@@ -151,7 +156,8 @@ def _refuse_own_train_step(model) -> None:
     own = [name for name in ("train_step", "test_step", "compute_loss")
            if getattr(type(model), name, None) is not getattr(base, name, None)]
     if own:
-        raise NotImplementedError(
+        raise NotSupported(
+            "custom-train-step",
             f"model {model.name!r} ({type(model).__name__}) defines its own {', '.join(own)}; a parallel model "
             "runs its own exact steps and would silently skip yours. Move the custom logic into call() / "
             "add_loss(), or train this model on one device"
@@ -162,7 +168,7 @@ def _is_auto(ratios) -> bool:
     if not isinstance(ratios, str):
         return False
     if ratios != "auto":
-        raise ValueError(f"ratios must be a list of numbers, None (even) or 'auto'; got ratios={ratios!r}")
+        raise InvalidValue(f"ratios must be a list of numbers, None (even) or 'auto'; got ratios={ratios!r}")
     return True
 
 
@@ -198,10 +204,10 @@ def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_reloca
     del cpu_relocation  # variables are never copied: they stay where the template built them
     has_gpu = bool(tf.config.list_logical_devices("GPU"))
     if isinstance(gpus, bool) or not isinstance(gpus, (int, list, tuple)):
-        raise TypeError(f"gpus must be an int or a list of GPU ids; got gpus={gpus!r}")
+        raise InvalidType(f"gpus must be an int or a list of GPU ids; got gpus={gpus!r}")
     if isinstance(gpus, int):
         if gpus < 2:
-            raise ValueError(f"gpus must be >= 2 (for one device, use the model itself); got gpus={gpus}")
+            raise InvalidValue(f"gpus must be >= 2 (for one device, use the model itself); got gpus={gpus}")
         devices = resolve_devices(gpus)
     else:
         kind = "GPU" if has_gpu else "CPU"

@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from harness.compat import callback_class
+from harness.errors import Failed, InvalidValue
 from harness.parallel.collective import gather_worker_rows
 
 __all__ = ["BackupAndRestore", "backup_class", "CHECKPOINT_NAME"]
@@ -71,10 +72,10 @@ class _BackingUp:
         if isinstance(directory, os.PathLike):
             directory = os.fspath(directory)
         if not isinstance(directory, str) or not directory:
-            raise ValueError(f"BackupAndRestore directory must be a non-empty path; got directory={directory!r}")
+            raise InvalidValue(f"BackupAndRestore directory must be a non-empty path; got directory={directory!r}")
         if not isinstance(delete_checkpoint, bool):
-            raise ValueError(f"BackupAndRestore delete_checkpoint must be True or False; "
-                             f"got delete_checkpoint={delete_checkpoint!r}")
+            raise InvalidValue(f"BackupAndRestore delete_checkpoint must be True or False; "
+                               f"got delete_checkpoint={delete_checkpoint!r}")
         self.directory = directory
         self.path = _join(directory, CHECKPOINT_NAME)
         self.delete_checkpoint = delete_checkpoint
@@ -88,8 +89,8 @@ class _BackingUp:
         core = getattr(model, "core", model)  # a parallel model trains its clone (or the template itself)
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
-            raise ValueError(f"BackupAndRestore needs a compiled model; {type(model).__name__} {model.name!r} "
-                             "has no optimizer: call compile() before fit()")
+            raise InvalidValue(f"BackupAndRestore needs a compiled model; {type(model).__name__} {model.name!r} "
+                               "has no optimizer: call compile() before fit()")
         if callable(getattr(model, "build_optimizer", None)):  # a parallel model: slots in its strategy's scope
             model.build_optimizer()
         elif hasattr(optimizer, "build"):  # a plain model: Keras builds its optimizer in the first step only
@@ -163,19 +164,19 @@ class _BackingUp:
                 meta = json.loads(str(stored["meta"]))
                 values = [stored[f"v{i}"] for i in range(len(meta["names"]))]
         except (OSError, ValueError, KeyError) as err:
-            raise ValueError(f"{self.path} is not a harness BackupAndRestore checkpoint: {err}") from err
+            raise InvalidValue(f"{self.path} is not a harness BackupAndRestore checkpoint: {err}") from err
         if meta.get("format") != _FORMAT:
-            raise ValueError(f"{self.path} has checkpoint format {meta.get('format')!r}; this harness reads "
-                             f"{_FORMAT}")
+            raise InvalidValue(f"{self.path} has checkpoint format {meta.get('format')!r}; this harness reads "
+                               f"{_FORMAT}")
         names = meta["names"]
         if len(values) != len(variables):
-            raise ValueError(
+            raise InvalidValue(
                 f"{self.path} holds {len(values)} variables; model {self.model.name!r} and its optimizer have "
                 f"{len(variables)}: the checkpoint is of another model or optimizer (use another directory)")
         for name, value, v in zip(names, values, variables):
             shape, dtype = tuple(v.shape), np.dtype(_dtype_name(v))
             if value.shape != shape or value.dtype != dtype:
-                raise ValueError(
+                raise InvalidValue(
                     f"{self.path}: variable {name!r} was saved as {value.dtype}{list(value.shape)}; this model's "
                     f"{_name(v)!r} is {dtype}{list(shape)}: the checkpoint is of another model (use another "
                     "directory)")
@@ -196,7 +197,7 @@ class _BackingUp:
             return "no checkpoint" if row[0] < 0 else f"epoch {int(row[0])} (crc32 {int(row[1]):08x})"
 
         found = ", ".join(f"worker {i}: {say(row)}" for i, row in enumerate(rows))
-        raise RuntimeError(
+        raise Failed(
             f"the workers read different checkpoints from {self.path} ({found}): every worker restores from the "
             "chief's directory, so it must be on storage every worker sees (a shared or network file system, "
             "or a gs:// path)")

@@ -15,6 +15,7 @@ import contextlib
 
 import tensorflow as tf
 
+from harness.errors import NotSupported
 from harness.parallel.collective import global_moments
 
 __all__ = ["batchnorm_towers"]
@@ -29,7 +30,8 @@ def batchnorm_towers(adapter, layer, xs: list, devices, merge_device, all_reduce
     rest is a borrowed row an empty tower carries (``multiworker``), normalised but not counted.
     """
     if any(adapter.get_mask(x) is not None for x in xs):
-        raise NotImplementedError(
+        raise NotSupported(
+            "masked-batchnorm",
             f"masked inputs to BatchNormalization layer {layer.name!r} are not synchronised across towers; "
             "use sync_batchnorm=False or method='mirrored'"
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from harness.errors import InvalidType, Refused
 from harness.split import shares, validate_ratios
 
 __all__ = ["ParallelCommon", "Untracked"]
@@ -136,7 +137,8 @@ class ParallelCommon:
         devices (keras-team/keras#19005): the step would fail on the first GPU box.
         """
         if jit_compile is True:
-            raise ValueError(
+            raise Refused(
+                "jit-compile",
                 "parallel models cannot be compiled with jit_compile=True: the ratio split's sizes change per "
                 "batch (partial batches, set_ratios) and XLA needs them as compile-time constants, and XLA cannot "
                 "read variables placed on other devices; use jit_compile=False (what 'auto' means here)"
@@ -210,8 +212,8 @@ class ParallelCommon:
         given = self._given_callbacks(args, kwargs)
         given = given.callbacks if isinstance(given, k.callbacks.CallbackList) else list(given or [])
         if any(is_rebalance(c) and not isinstance(c, k.callbacks.Callback) for c in given):
-            raise TypeError(f"this is a {k.__name__} model: its fit needs a {k.__name__} callback; use harness."
-                            f"parallel.rebalance.rebalance_class({k.__name__})(...) instead of harness.Rebalance")
+            raise InvalidType(f"this is a {k.__name__} model: its fit needs a {k.__name__} callback; use harness."
+                              f"parallel.rebalance.rebalance_class({k.__name__})(...) instead of harness.Rebalance")
 
     def _with_rebalancer(self, args, kwargs):
         """``fit``'s arguments with the built-in rebalancer added, unless the caller passed a ``Rebalance``."""

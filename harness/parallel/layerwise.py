@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from harness.errors import Refused
 from harness.parallel.batchnorm import batchnorm_towers
 
 __all__ = ["has_batchnorm", "run_towers"]
@@ -39,7 +40,8 @@ def run_towers(adapter, model, parts: list, devices: Sequence[str], merge_device
     """
     graph = adapter.graph_of(model)
     if graph is None:
-        raise ValueError(
+        raise Refused(
+            "subclassed-batchnorm",
             f"model {model.name!r} ({type(model).__name__}) is not a functional graph; whole-batch "
             "BatchNormalization across towers needs a Functional or Sequential model "
             "(or use method='mirrored', or sync_batchnorm=False)"

@@ -27,6 +27,7 @@ import functools
 
 import tensorflow as tf
 
+from harness.errors import Refused
 from harness.parallel import slicing, sparse
 from harness.parallel.base import Method, ParallelModel, add_all, add_zero_where_present
 from harness.parallel.collective import replica_device, strategy_for, sum_replicas, whole_batch
@@ -80,14 +81,15 @@ class Mirrored(ParallelModel):
         """As ``Model.compile``, without XLA (``ParallelCommon.compile``); sum-reduced losses are refused."""
         k = self._adapter.k
         if _uses_sum_reduction(k, loss):
-            raise ValueError(
+            raise Refused(
+                "sum-reduced-loss",
                 "method='mirrored' supports mean-reduced losses ('sum_over_batch_size', 'mean', 'auto'); got "
                 f"loss={loss!r} with reduction='sum'. Use method='towers' for sum-reduced losses"
             )
         optimizer = k.optimizers.get(optimizer)  # a name made an optimizer; an optimizer taken as it is
         refused = self._adapter.optimizer_refusal(optimizer, self.method.value)
         if refused:
-            raise ValueError(refused)
+            raise Refused("optimizer-drifts", refused)
         # The user's own optimizer, with all its settings (a copy from its config would lose what the config
         # leaves out, such as exclude_from_weight_decay), stepping this strategy's mirrored variables.
         self._adapter.adopt_optimizer(optimizer, self.strategy)

@@ -34,6 +34,7 @@ import tensorflow as tf
 
 from harness.cluster import DEVICES_VARIABLE, Cluster, read_tf_config
 from harness.compat import is_keras2_model
+from harness.errors import Failed, InvalidValue, Refused
 from harness.parallel import layerwise, sparse
 from harness.parallel.base import add_all
 from harness.parallel.collective import gather_worker_rows, multiworker_strategy, sum_over_workers
@@ -67,7 +68,7 @@ def use_cluster(timeout_s: float = 60.0, devices: int | None = None) -> Cluster:
     from harness.devices import gpu_count, use_logical_devices
 
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
+        raise InvalidValue(f"timeout_s must be a number of seconds > 0; got {timeout_s!r}")
     count = _device_count(devices)
     config = read_tf_config()
     gpus = gpu_count()
@@ -79,7 +80,7 @@ def use_cluster(timeout_s: float = 60.0, devices: int | None = None) -> Cluster:
     present = len(tf.config.list_logical_devices(kind))
     count = present if count is None and gpus else count or 1
     if count > present:
-        raise ValueError(f"this worker has {present} {kind} device(s); asked for devices={count}")
+        raise InvalidValue(f"this worker has {present} {kind} device(s); asked for devices={count}")
     prefix = worker[: worker.index("/device:")]
     local = tuple(f"{prefix}/device:{kind}:{i}" for i in range(count))
     workers = len(config["cluster"]["worker"])
@@ -98,10 +99,10 @@ def _device_count(devices) -> int | None:
         if text is None or not text.strip():
             return None
         if not text.strip().isdecimal() or int(text) < 1:
-            raise ValueError(f"{DEVICES_VARIABLE} must be an int >= 1; got {DEVICES_VARIABLE}={text!r}")
+            raise InvalidValue(f"{DEVICES_VARIABLE} must be an int >= 1; got {DEVICES_VARIABLE}={text!r}")
         return int(text)
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"devices must be an int >= 1 (this worker's device count); got devices={devices!r}")
+        raise InvalidValue(f"devices must be an int >= 1 (this worker's device count); got devices={devices!r}")
     return devices
 
 
@@ -154,7 +155,8 @@ class MultiWorker(Mirrored):
         if batchnorm and not functional and (several or keras2):
             fix = "Give each worker one device" if several and not keras2 else \
                 "Use a Keras 3 model with one device per worker"
-            raise ValueError(
+            raise Refused(
+                "subclassed-batchnorm",
                 f"across workers ({list(cluster.counts)} devices per worker), whole-batch BatchNormalization of "
                 f"a {'Keras 2 ' if keras2 else ''}model needs a Functional or Sequential model; got a subclassed "
                 f"{type(template).__name__} {template.name!r}. {fix}, or sync_batchnorm=False")
@@ -163,8 +165,9 @@ class MultiWorker(Mirrored):
             refused += [r for r in (a.batchnorm_refusal(layer, "towers") for layer in a.sublayers(template)
                                     if a.is_batchnorm(layer)) if r]
         if refused:
-            raise ValueError(f"across workers with several devices on a worker, the towers inside each worker "
-                             f"cannot run {'; '.join(refused)}. Give each worker one device")
+            raise Refused("towers-unsupported-layer",
+                          f"across workers with several devices on a worker, the towers inside each worker "
+                          f"cannot run {'; '.join(refused)}. Give each worker one device")
         return batchnorm and functional, batchnorm and not functional
 
     @property
@@ -176,7 +179,7 @@ class MultiWorker(Mirrored):
         try:
             return super().fit(*args, **kwargs)
         except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError) as err:
-            raise RuntimeError(lost_peer_message(err, self._cluster)) from err
+            raise Failed(lost_peer_message(err, self._cluster)) from err
 
     def _make_strategy(self):
         return self._cluster.strategy

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from harness.compat import callback_class
+from harness.errors import InvalidType, InvalidValue
 from harness.parallel.resplit import decide, describe
 from harness.split import split_batch
 
@@ -47,15 +48,15 @@ class _Rebalancing:
         super().__init__()
         if max_batches is not None and any(
                 m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1) for m in max_batches):
-            raise ValueError(f"Rebalance max_batches must be ints >= 1 (or None), one per device; "
-                             f"got max_batches={list(max_batches)!r}")
+            raise InvalidValue(f"Rebalance max_batches must be ints >= 1 (or None), one per device; "
+                               f"got max_batches={list(max_batches)!r}")
         self.max_batches = None if max_batches is None else list(max_batches)
         for name, value, least in (("every", every, 1), ("warmup", warmup, 0), ("verbose", verbose, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"Rebalance {name} must be an int >= {least}; got {name}={value!r}")
+                raise InvalidValue(f"Rebalance {name} must be an int >= {least}; got {name}={value!r}")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < float("inf"):
-            raise ValueError(f"Rebalance tolerance must be a number >= 0 (a fraction: 0.05 = 5%); "
-                             f"got tolerance={tolerance!r}")
+            raise InvalidValue(f"Rebalance tolerance must be a number >= 0 (a fraction: 0.05 = 5%); "
+                               f"got tolerance={tolerance!r}")
         self.every, self.tolerance, self.warmup, self.verbose = every, float(tolerance), warmup, verbose
         self.history: list[dict] = []
         self.steps = 0  # training steps seen, over every fit
@@ -66,7 +67,7 @@ class _Rebalancing:
     # -- checks ----------------------------------------------------------------
     def set_model(self, model):
         if not _is_parallel_model(model):
-            raise TypeError(
+            raise InvalidType(
                 f"harness.Rebalance re-splits a model made by harness.parallelize (towers or mirrored); got "
                 f"{type(model).__name__} {getattr(model, 'name', '')!r}"
             )
@@ -126,8 +127,8 @@ class _Rebalancing:
         """Per device: the given ceiling, else an emulated device's MAXBATCH, else None."""
         devices = self.model.devices
         if self.max_batches is not None and len(self.max_batches) != len(devices):
-            raise ValueError(f"Rebalance max_batches has {len(self.max_batches)} entries for {len(devices)} devices "
-                             f"{list(devices)}: give one per device")
+            raise InvalidValue(f"Rebalance max_batches has {len(self.max_batches)} entries for {len(devices)} devices "
+                               f"{list(devices)}: give one per device")
         emulated = getattr(self._emulator, "devices", {})
         given = self.max_batches or [None] * len(devices)
         return [m if m is not None else getattr(emulated.get(d), "max_batch", None) for d, m in zip(devices, given)]

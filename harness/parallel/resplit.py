@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.errors import InvalidValue
 from harness.split import split_batch, validate_ratios
 
 __all__ = ["Decision", "busy_imbalance", "capped_split", "decide", "describe"]
@@ -55,7 +56,7 @@ def busy_imbalance(step_seconds: Sequence[float]) -> float:
         1.5
     """
     if not step_seconds or any(not (math.isfinite(s) and s >= 0) for s in step_seconds):
-        raise ValueError(f"step_seconds must be finite numbers >= 0; got {list(step_seconds)!r}")
+        raise InvalidValue(f"step_seconds must be finite numbers >= 0; got {list(step_seconds)!r}")
     low = min(step_seconds)
     return math.inf if low == 0 else max(step_seconds) / low - 1.0
 
@@ -69,7 +70,7 @@ def capped_split(batch: int, rates: Sequence[float], max_batches: Sequence[int |
     """
     caps = [batch if m is None else int(m) for m in max_batches]
     if len(caps) != len(rates):
-        raise ValueError(f"need one ceiling per device ({len(rates)}); got max_batches={list(max_batches)}")
+        raise InvalidValue(f"need one ceiling per device ({len(rates)}); got max_batches={list(max_batches)}")
     if sum(min(c, batch) for c in caps) < batch:
         return None
     fixed: dict[int, int] = {}
@@ -117,13 +118,13 @@ def decide(
     current = validate_ratios(ratios)
     k = len(current)
     if not (len(busy_seconds) == len(samples) == len(steps) == k):
-        raise ValueError(f"need one busy time, sample count and step count per device ({k} devices); got "
-                         f"busy_seconds={list(busy_seconds)}, samples={list(samples)}, steps={list(steps)}")
+        raise InvalidValue(f"need one busy time, sample count and step count per device ({k} devices); got "
+                           f"busy_seconds={list(busy_seconds)}, samples={list(samples)}, steps={list(steps)}")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-        raise ValueError(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
+        raise InvalidValue(f"tolerance must be a number >= 0; got tolerance={tolerance!r}")
     if any(not (math.isfinite(s) and s >= 0) for s in busy_seconds) or min(samples) < 0 or min(steps) < 0:
-        raise ValueError(f"busy seconds, samples and steps must be >= 0; got busy_seconds={list(busy_seconds)}, "
-                         f"samples={list(samples)}, steps={list(steps)}")
+        raise InvalidValue(f"busy seconds, samples and steps must be >= 0; got busy_seconds={list(busy_seconds)}, "
+                           f"samples={list(samples)}, steps={list(steps)}")
     rates = tuple(n / s if n > 0 and s > 0 else None for n, s in zip(samples, busy_seconds))
     per_step = tuple(s / m if m > 0 else None for s, m in zip(busy_seconds, steps))
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from harness.errors import InvalidValue
 from harness.split import shares
 
 __all__ = ["batch_size_of", "split_sizes", "split_structure", "concat_structures", "restore_static_shape",
@@ -62,7 +63,7 @@ def split_sizes(batch_size: tf.Tensor, ratios: Sequence[float] | tf.Variable) ->
     if isinstance(ratios, (tf.Variable, tf.Tensor)):
         weights = tf.convert_to_tensor(ratios)
         if weights.dtype != tf.float64 or weights.shape.rank != 1 or weights.shape[0] is None:
-            raise ValueError(f"split_sizes wants a float64 vector of shares of static length; got {weights!r}")
+            raise InvalidValue(f"split_sizes wants a float64 vector of shares of static length; got {weights!r}")
     else:
         weights = tf.constant(shares(ratios), tf.float64)
     k = int(weights.shape[0])

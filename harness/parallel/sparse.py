@@ -36,11 +36,14 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from harness.errors import Refused
+
 __all__ = ["Rows", "rows_of", "join", "whole_rows", "all_reduce_rows", "depends_on_batch", "SparseLayoutError"]
 
 
-class SparseLayoutError(ValueError):
-    """A sparse gradient whose single-device rows harness cannot reproduce (harness' own refusal)."""
+class SparseLayoutError(Refused):
+    """A sparse gradient whose single-device rows harness cannot reproduce (harness' own refusal; its
+    ``reason`` is ``"sparse-layout"``)."""
 
 
 class Rows(NamedTuple):
@@ -147,6 +150,7 @@ def depends_on_batch(tensor: tf.Tensor, sources: Sequence[tf.Tensor]) -> bool:
 
 def _layout_error(variable, towers: int, found: int) -> SparseLayoutError:
     return SparseLayoutError(
+        "sparse-layout",
         f"variable {getattr(variable, 'path', None) or getattr(variable, 'name', variable)!r} is looked up "
         f"{found // towers if towers else found} times per device with indices that do not depend on the batch "
         f"({found} lookups over {towers} devices sharing one gradient tape): harness cannot tell which lookups "
@@ -184,7 +188,8 @@ def join(parts: Sequence[Rows]) -> tf.IndexedSlices:
     first = parts[0]
     sites = {len(p.blocks) for p in parts}
     if len(sites) != 1:
-        raise SparseLayoutError(f"the devices' gradients have different lookups ({sorted(sites)} batch-independent "
+        raise SparseLayoutError("sparse-lookups-differ",
+                                f"the devices' gradients have different lookups ({sorted(sites)} batch-independent "
                                 "ones): they did not trace the same model")
     values = [p.values for p in parts if p.values is not None]
     indices = [p.indices for p in parts if p.indices is not None]

@@ -13,6 +13,7 @@ import functools
 
 import tensorflow as tf
 
+from harness.errors import Refused
 from harness.parallel import layerwise
 from harness.parallel.base import Method, ParallelModel
 from harness.parallel.sparse import whole_rows
@@ -30,14 +31,16 @@ class Towers(ParallelModel):
         a = self._adapter
         self._layerwise = self.sync_batchnorm and len(self.devices) > 1 and layerwise.has_batchnorm(a, template)
         if self._layerwise and a.graph_of(template) is None:
-            raise ValueError(
+            raise Refused(
+                "subclassed-batchnorm",
                 f"method='towers' with sync_batchnorm=True needs a Functional or Sequential model to share "
                 f"BatchNormalization statistics; got a subclassed {type(template).__name__}. "
                 "Use method='mirrored' or sync_batchnorm=False"
             )
         refused = a.towers_refusal(template) if len(self.devices) > 1 else []
         if refused:
-            raise ValueError(f"method='towers' cannot run {'; '.join(refused)}. Use method='mirrored'")
+            raise Refused("towers-unsupported-layer",
+                          f"method='towers' cannot run {'; '.join(refused)}. Use method='mirrored'")
         self._core_model = template  # tracked: its variables are this model's
 
     def _towers(self, x, training: bool, watch=None):

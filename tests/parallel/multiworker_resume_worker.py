@@ -7,11 +7,12 @@ After fit the chief saves the plain model to ``--save`` (.keras). Each worker pr
 ``RESULT {...}``: the epochs it ran, the epoch it resumed at, the final weights, and the files it wrote
 (seen by an audit hook: creating, writing, renaming or removing a file under ``--audit``).
 
-Usage: python multiworker_resume_worker.py BACKUP [--save PATH] [--epochs N] [--keras2] [--stock] [--per-worker]
+Usage: python multiworker_resume_worker.py BACKUP [--save PATH] [--epochs N] [--keras MODULE] [--stock] [--per-worker]
            [--die-at-epoch K --die-at-step S] [--audit ROOT]
 """
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -29,7 +30,7 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=150)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--ratios", default="3:1")
-    p.add_argument("--keras2", action="store_true", help="a Keras 2 (tf_keras) model")
+    p.add_argument("--keras", default="keras", help="the Keras module of the model: keras (default) or tf_keras")
     p.add_argument("--stock", action="store_true", help="Keras' own BackupAndRestore instead of harness'")
     p.add_argument("--per-worker", action="store_true", help="each worker backs up into BACKUP/worker<i>")
     p.add_argument("--die-at-epoch", type=int, default=None)
@@ -45,10 +46,7 @@ def main() -> int:
 
     from harness.parallel.backup import backup_class
 
-    if args.keras2:
-        import tf_keras as keras
-    else:
-        import keras
+    keras = importlib.import_module(args.keras)  # keras (Keras 3, or TF 2.15's Keras 2) or tf_keras
 
     keras.utils.set_random_seed(0)
     template = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2)])

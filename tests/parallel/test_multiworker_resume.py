@@ -48,15 +48,15 @@ def _deviation(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """``runs(flavour)``: run A, the killed run B and its relaunch, once per Keras flavour and module."""
+    """``runs(keras)``: run A, the killed run B and its relaunch, once per Keras module (``keras3``, ``keras2``
+    or ``any_keras``' module: Keras 3's ``keras``, ``tf_keras``, or TF 2.15's ``keras``, Keras 2) and test module."""
     done = {}
 
-    def get(flavour: str) -> dict:
+    def get(keras) -> dict:
+        flavour = f"{keras.__name__}-{keras.__version__}"
         if flavour not in done:
-            if flavour == "keras2":
-                pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
-            root = tmp_path_factory.mktemp(flavour)
-            flags = ["--audit", root] + (["--keras2"] if flavour == "keras2" else [])
+            root = tmp_path_factory.mktemp(keras.__name__)
+            flags = ["--audit", root, "--keras", keras.__name__]
             a = _cluster_run(root / "a", "--save", root / "a.keras", *flags)
             assert a[0].status == 0 and sorted(a[1]) == [0, 1], a[2][-6000:]
             killed = _cluster_run(root / "b", *KILL, *flags)
@@ -70,9 +70,8 @@ def runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "keras2"])
-def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_weights(runs, flavour):
-    run = runs(flavour)
+def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_weights(runs, any_keras):
+    run = runs(any_keras)
     (result, reports, output, _) = run["killed"]
     assert (result.status, result.first_failure) == (137, 1), output[-6000:]
     assert "[worker 1] dying at epoch 1 step 2" in output and reports == {}
@@ -92,9 +91,8 @@ def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_we
     assert not (run["root"] / "b" / "backup.npz").exists()  # deleted by the chief when fit ended
 
 
-@pytest.mark.parametrize("flavour", ["keras3", "keras2"])
-def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, flavour, logical_devices):
-    run = runs(flavour)
+def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, any_keras, logical_devices):
+    run = runs(any_keras)
     for name, directory, model in (("a", "a", "a.keras"), ("resumed", "b", "b.keras")):
         reports = run[name][1]
         assert reports[1]["written"] == [] and not reports[1]["saved"], reports[1]  # worker 1 wrote nothing
@@ -106,21 +104,19 @@ def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, flavour, log
         assert {("os.rename", f"{directory}/backup.npz"), ("open", model)} <= written <= allowed, written
 
     # The chief's .keras file is the plain single-device model with the resumed weights.
-    if flavour == "keras2":
-        import tf_keras as keras
-    else:
-        import keras
+    keras = any_keras
     loaded = keras.models.load_model(run["root"] / "b.keras")
     assert type(loaded) is keras.Sequential
     saved = {"weights": [w.tolist() for w in loaded.get_weights()]}
     assert _deviation(saved, run["resumed"][1][0]) == 0.0
 
 
-def test_keras_own_backup_and_restore_resumes_to_other_weights(runs, tmp_path):
+def test_keras_own_backup_and_restore_resumes_to_other_weights(runs, tmp_path, keras3):
     """The control: the test tells a lost optimizer state apart. Keras 3's callback saves the parallel model's
     template (weights only); each worker gets its own directory (in one directory both write the same
-    latest.weights.h5 and h5py's lock fails one of them)."""
-    a = runs("keras3")["a"][1]
+    latest.weights.h5 and h5py's lock fails one of them). Keras 3 only: Keras 2's callback checkpoints the
+    optimizer too (and on several workers each takes itself for the chief, harness/parallel/backup.py)."""
+    a = runs(keras3)["a"][1]
     stock = ["--stock", "--per-worker"]
     result, _, output, _ = _cluster_run(tmp_path, *KILL, *stock)
     assert (result.status, result.first_failure) == (137, 1), output[-6000:]
@@ -131,23 +127,24 @@ def test_keras_own_backup_and_restore_resumes_to_other_weights(runs, tmp_path):
     assert _deviation(resumed[0], a[0]) > 1e-3
 
 
-def test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each(runs, tmp_path):
+def test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each(runs, tmp_path, any_keras):
     """A backup directory not every worker sees (each its own here): the chief finds a checkpoint, worker 1 none."""
-    run = runs("keras3")
+    run = runs(any_keras)
     assert (run["root"] / "killed.npz").exists(), run["killed"][2][-4000:]
     (tmp_path / "worker0").mkdir()
     shutil.copy(run["root"] / "killed.npz", tmp_path / "worker0" / "backup.npz")
-    result, reports, output, _ = _cluster_run(tmp_path, "--per-worker")
+    result, reports, output, _ = _cluster_run(tmp_path, "--per-worker", "--keras", any_keras.__name__)
     assert result.status == 1 and reports == {}, output[-6000:]
-    assert "RuntimeError: the workers read different checkpoints from " in output, output[-6000:]
+    assert "harness.errors.Failed: the workers read different checkpoints from " in output, output[-6000:]
     assert "(worker 0: epoch 1 (crc32 " in output and "), worker 1: no checkpoint)" in output
 
 
-def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_path, logical_devices):
-    import keras
+def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_path, logical_devices, any_keras):
+    from harness.parallel.backup import backup_class
 
-    from harness.parallel.backup import BackupAndRestore
-
+    keras, BackupAndRestore = any_keras, backup_class(any_keras)
+    # The variable's name: its path in Keras 3, its TF name in Keras 2 (tf_keras, TF 2.15's keras).
+    kernel = r"sequential(_\d+)?/d/kernel" if keras.__version__.startswith("3.") else r"d/kernel:0"
     with pytest.raises(ValueError, match="directory must be a non-empty path; got directory=''"):
         BackupAndRestore("")
     with pytest.raises(ValueError, match="delete_checkpoint must be True or False; got delete_checkpoint='no'"):
@@ -161,7 +158,7 @@ def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_
     x, y = np.ones((8, 3), "float32"), np.ones((8, 2), "float32")
     model(2).fit(x, y, epochs=1, verbose=0, callbacks=[BackupAndRestore(tmp_path, delete_checkpoint=False)])
     assert os.listdir(tmp_path) == ["backup.npz"]
-    with pytest.raises(ValueError, match=r"variable 'sequential(_\d+)?/d/kernel' was saved as float32\[3, 2\]; this "
+    with pytest.raises(ValueError, match=rf"variable '{kernel}' was saved as float32\[3, 2\]; this "
                                          r"model's '.*' is float32\[3, 4\]"):
         model(4).fit(x, np.ones((8, 4), "float32"), epochs=1, verbose=0, callbacks=[BackupAndRestore(tmp_path)])
     plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -171,10 +168,10 @@ def test_bad_arguments_and_checkpoints_of_another_model_are_refused_by_name(tmp_
         backup.on_train_begin()
 
 
-def test_a_plain_keras_model_in_one_process_resumes_exactly_too(tmp_path, logical_devices):
-    import keras
+def test_a_plain_keras_model_in_one_process_resumes_exactly_too(tmp_path, logical_devices, any_keras):
+    from harness.parallel.backup import backup_class
 
-    from harness.parallel.backup import BackupAndRestore
+    keras, BackupAndRestore = any_keras, backup_class(any_keras)
 
     rng = np.random.RandomState(0)
     x = rng.rand(40, 3).astype("float32")
@@ -199,4 +196,9 @@ def test_a_plain_keras_model_in_one_process_resumes_exactly_too(tmp_path, logica
     resumed = fit([backup])
     assert backup.restored_epoch == 2 and int(resumed.optimizer.iterations.numpy()) == 9
     assert all(np.array_equal(a, b) for a, b in zip(reference, resumed.get_weights()))
-    assert resumed._initial_epoch is None  # a later fit of the model starts at its own initial_epoch
+    # A later fit of the model starts at its own initial_epoch: the resume hook is cleared (Keras 3: its
+    # _initial_epoch; Keras 2: its _training_state, which fit asks for the epoch to start at).
+    if keras.__version__.startswith("3."):
+        assert resumed._initial_epoch is None
+    else:
+        assert resumed._training_state is None

@@ -40,7 +40,7 @@ def test_summarize_figures():
 
 def test_summarize_edge_cases():
     assert summarize([]) == dict.fromkeys(["median", "mean", "min", "max", "iqr", "spread"], None) | {"n": 0}
-    assert summarize([5]) == {"median": 5.0, "mean": 5.0, "min": 5.0, "max": 5.0, "iqr": 0.0, "spread": 0.0, "n": 1}
+    assert summarize([5]) == {"median": 5.0, "mean": 5.0, "min": 5.0, "max": 5.0, "iqr": 0.0, "spread": None, "n": 1}
     assert summarize([0, 0])["spread"] is None
     with pytest.raises(ValueError, match=r"values=\[1.0, nan\]"):
         summarize([1.0, math.nan])

@@ -179,7 +179,9 @@ def test_the_stock_baseline_runs_across_two_workers_in_tf_keras(tmp_path, keras2
                            str(tmp_path)], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     (note,) = [line for line in done.stdout.splitlines() if line.startswith("the stock baseline across workers is ")]
-    assert f"{keras2.__name__} {keras2.__version__} (Keras 2) fit" in note and "keras-team/keras#20585" in note, note
+    assert f"{keras2.__name__} {keras2.__version__} (Keras 2) fit" in note, note
+    # Why not the keras package's fit is said where that is Keras 3 (beside tf_keras); TF 2.15's keras is Keras 2.
+    assert ("keras-team/keras#20585" in note) == (keras2.__name__ == "tf_keras"), note
     assert "(30 + 30); samples/s counts 60 samples per step" in done.stdout, done.stdout
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())

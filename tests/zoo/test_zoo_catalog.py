@@ -20,9 +20,11 @@ BUILDS = [(e.name, g) for g in zoo.GENERATIONS for e in zoo.CATALOG if g == "3" 
 
 
 def _keras(generation: str):
+    from harness.errors import Unavailable
+
     try:
         return zoo.keras_module(generation)
-    except ValueError as err:
+    except Unavailable as err:  # that generation is not installed here (tf215: no Keras 3)
         pytest.skip(str(err))
 
 
@@ -120,11 +122,19 @@ def _raise(error: BaseException):
         return err
 
 
-def test_harness_own_errors_are_refusals_anything_else_fails():
+def test_only_a_refusal_is_refused_any_other_error_fails():
+    from harness.errors import InvalidValue, Refused
+
+    refused = Refused("custom-train-step", "method='mirrored' cannot train 'net': it has its own train_step")
+    assert zoo.status_of_error(_raise(refused)) == (
+        "refused: custom-train-step: method='mirrored' cannot train 'net': it has its own train_step")
+    # harness' own errors are not refusals either: a validation error raised while checking a zoo model is a bug
     with pytest.raises(ValueError) as own:
-        validate_ratios([3, 0], 2)  # raised inside harness
-    assert zoo.status_of_error(own.value).startswith("refused: ratios must be positive")
+        validate_ratios([3, 0], 2)
+    assert isinstance(own.value, InvalidValue)
+    assert zoo.status_of_error(own.value).startswith("FAIL: InvalidValue: ratios must be positive")
     assert zoo.status_of_error(_raise(ValueError("from elsewhere"))) == "FAIL: ValueError: from elsewhere"
+    assert zoo.status_of_error(_raise(NotImplementedError("no"))) == "FAIL: NotImplementedError: no"
     assert zoo.status_of_error(_raise(AssertionError())) == "FAIL: AssertionError: (no message)"
     graph = RuntimeError("Graph execution error:\n\nDetected at node x\n  (0) INVALID_ARGUMENT: bad thing\n0 done")
     assert zoo.status_of_error(_raise(graph)) == "FAIL: RuntimeError: (0) INVALID_ARGUMENT: bad thing"
@@ -134,9 +144,11 @@ def _rows():
     return [
         zoo.ZooRow("a", "3", "towers", "even", "exact", 1e-8, 0.0, 2e-7, 2e-7, 0.0, 1.5),
         zoo.ZooRow("a", "3", "mirrored", "5:3:2", "FAIL: AssertionError: x | y", math.nan, seconds=0.2),
-        zoo.ZooRow("b", "2", "towers", "3:2", "refused: not here", seconds=0.1),
-        zoo.ZooRow("c", "3", "towers", "3:2", "as accurate as one device", 3e-5, 1e-6, 1e-5, 1.2e-5, 0.0, 9.0),
-        zoo.ZooRow("c", "3", "towers", "even", "exact in float64", 3e-3, 1e-6, 1e-5, 3e-3, 1e-12, 9.0),
+        zoo.ZooRow("b", "2", "towers", "3:2", "refused: not-here: not here", seconds=0.1),
+        zoo.ZooRow("c", "3", "towers", "3:2", "as accurate as one device", 3e-5, 1e-6, 1e-5, 1.2e-5, 0.0, 9.0,
+                   floor=2e-5),
+        zoo.ZooRow("c", "3", "towers", "even", "FAIL: pinned exact, got as accurate as one device", 3e-3, 1e-6, 1e-5,
+                   3e-3, 1e-12, 9.0, traceback="Traceback (most recent call last):\n  planted\n"),
     ]
 
 
@@ -144,18 +156,19 @@ def test_tables_show_every_row_and_a_summary():
     rows = _rows()
     text = zoo.text_table(rows)
     assert text.splitlines()[0].split()[:4] == ["model", "keras", "method", "split"]
-    assert len(text.splitlines()) == 2 + len(rows) + 2
-    summary = "5 cases of 3 models: 1 exact, 1 as accurate as one device, 1 exact in float64, 1 refused, 1 FAIL"
-    assert text.endswith(summary)
+    summary = "5 cases of 3 models: 1 exact, 1 as accurate as one device, 1 refused, 2 FAIL"
+    table, tracebacks = text.split(summary)
+    assert len(table.splitlines()) == 2 + len(rows) + 1
+    assert tracebacks == "\n\nc (Keras 3, towers, even) raised:\nTraceback (most recent call last):\n  planted"
     md = zoo.markdown(rows)
     assert md.startswith("| model | keras |") and "x \\| y" in md and md.endswith(summary)
 
 
 def test_json_has_no_nan_and_marks_failures():
     data = json.loads(zoo.to_json(_rows()))
-    assert data["summary"] == {"exact": 1, "as accurate as one device": 1, "exact in float64": 1, "refused": 1,
-                               "FAIL": 1}
-    assert [r["failed"] for r in data["rows"]] == [False, True, False, False, False]
+    assert data["summary"] == {"exact": 1, "as accurate as one device": 1, "refused": 1, "FAIL": 2}
+    assert [r["failed"] for r in data["rows"]] == [False, True, False, False, True]
+    assert data["rows"][3]["floor"] == 2e-5 and data["rows"][4]["traceback"].endswith("planted\n")
     assert data["rows"][1]["max_deviation"] is None
     assert data["rows"][3]["reference_parallel"] == 1.2e-5
 
@@ -192,3 +205,36 @@ def test_the_optimizer_axis_names_what_it_does_not_know(keras3):
     assert type(found[1].entry.optimizer(keras3)).__name__ == "LossScaleOptimizer"
     assert [c.label for c in optimizers.cases(keras3, ["causal_lm"], ["rmsprop_centered"])] == []  # UPSTREAM
     assert not optimizers.cases(keras3, ["mlp"], ["muon"], ["schedule"])[0].float64  # NO_FLOAT64
+
+
+def test_the_overview_has_a_line_per_model_and_the_stamp():
+    rows = _rows() + [zoo.ZooRow("mlp", "3", "towers", "3:2", "exact", 0.0, optimizer="adam/clipnorm"),
+                      zoo.ZooRow("mlp", "3", "mirrored", "3:2", "as accurate as one device", 2e-6, floor=1e-6,
+                                 optimizer="adam/clipnorm")]
+    text = zoo.overview(rows, stamp="`harness check --zoo` at commit abc")
+    lines = text.splitlines()
+    assert lines[0] == ("| model | keras | public definition | towers (even, 3:2, 5:3:2) | mirrored (even, 3:2, 5:3:2) "
+                        "| worst dev. from one device | dev. / rounding floor |")
+    assert "| c | 3 | - | FAIL, as accurate | - | 3.0e-03 | 1.5 |" in lines  # 3e-5 / 2e-5: the floor's multiple
+    assert "| a | 3 | - | exact | FAIL | 1.0e-08 | - |" in lines
+    assert "| 3 | clipnorm | 2 | 1 | 1 | 0 | 0 |" in lines  # the axis: counts per option
+    assert lines[-2:] == ["", "`harness check --zoo` at commit abc"]
+    assert "7 cases of 4 models (1 optimizer settings): 2 exact, 2 as accurate as one device, 1 refused, 2 FAIL." \
+           in lines
+
+
+def test_json_rows_read_back_and_render_again(tmp_path, capsys):
+    from harness.cli import main
+
+    rows = _rows()
+    back, stamp = zoo.from_json(zoo.to_json(rows, stamp="`harness check --zoo` at commit abc"))
+    assert stamp == "`harness check --zoo` at commit abc"
+    assert [(r.model, r.status, r.traceback) for r in back] == [(r.model, r.status, r.traceback) for r in rows]
+    assert back[1].max_deviation is None  # NaN was written as null
+    path = tmp_path / "zoo.json"
+    path.write_text(zoo.to_json(rows, stamp="`harness check --zoo` at commit abc"))
+    assert main(["check", "--zoo", "--from-json", str(path), "--format", "overview"]) == 1  # its FAIL rows
+    assert capsys.readouterr().out.rstrip().endswith("`harness check --zoo` at commit abc")
+    path.write_text('{"rows": [{"model": 1}]}')
+    assert main(["check", "--zoo", "--from-json", str(path)]) == 2
+    assert "not the JSON of harness check --zoo --format json" in capsys.readouterr().err

@@ -24,6 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.errors import InvalidValue
+
 __all__ = ["StepModel", "Fit", "Split", "fit_step_model", "solve_split", "best_split", "predict"]
 
 
@@ -36,9 +38,9 @@ class StepModel:
 
     def __post_init__(self):
         if not (math.isfinite(self.fixed_s) and self.fixed_s >= 0):
-            raise ValueError(f"fixed_s must be a finite number >= 0; got fixed_s={self.fixed_s!r}")
+            raise InvalidValue(f"fixed_s must be a finite number >= 0; got fixed_s={self.fixed_s!r}")
         if not (math.isfinite(self.per_sample_s) and self.per_sample_s > 0):
-            raise ValueError(f"per_sample_s must be a finite number > 0; got per_sample_s={self.per_sample_s!r}")
+            raise InvalidValue(f"per_sample_s must be a finite number > 0; got per_sample_s={self.per_sample_s!r}")
 
     def seconds(self, batch: int) -> float:
         """Step time at ``batch`` samples (0 for an unused device)."""
@@ -121,11 +123,11 @@ def fit_step_model(batches: Sequence[int], seconds: Sequence[float]) -> Fit:
         (49, 1438)
     """
     if len(batches) != len(seconds) or not batches:
-        raise ValueError(f"need one step time per batch size, at least one; got batches={list(batches)}, "
-                         f"seconds={list(seconds)}")
+        raise InvalidValue(f"need one step time per batch size, at least one; got batches={list(batches)}, "
+                           f"seconds={list(seconds)}")
     if any(b < 1 for b in batches) or any(not (math.isfinite(t) and t > 0) for t in seconds):
-        raise ValueError(f"batch sizes must be >= 1 and step times > 0; got batches={list(batches)}, "
-                         f"seconds={list(seconds)}")
+        raise InvalidValue(f"batch sizes must be >= 1 and step times > 0; got batches={list(batches)}, "
+                           f"seconds={list(seconds)}")
     if len(set(batches)) < 2:
         model = StepModel(0.0, math.fsum(t / b for b, t in zip(batches, seconds)) / len(batches))
     else:
@@ -153,7 +155,7 @@ def predict(models: Sequence[StepModel], batches: Sequence[int]) -> Split:
     """What the models predict for a given split (e.g. the even one)."""
     _check(models, [max(1, b) for b in batches])
     if len(batches) != len(models):
-        raise ValueError(f"need one batch per device ({len(models)}); got batches={list(batches)}")
+        raise InvalidValue(f"need one batch per device ({len(models)}); got batches={list(batches)}")
     step = max(m.seconds(b) for m, b in zip(models, batches))
     total = sum(batches)
     return Split(tuple(batches), step, total / step if step > 0 else 0.0,
@@ -181,10 +183,10 @@ def solve_split(models: Sequence[StepModel], ceilings: Sequence[int], global_bat
     """
     _check(models, ceilings)
     if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
-        raise ValueError(f"global batch must be an int >= 1; got {global_batch!r}")
+        raise InvalidValue(f"global batch must be an int >= 1; got {global_batch!r}")
     if global_batch > sum(ceilings):
-        raise ValueError(f"global batch {global_batch} exceeds what the devices hold together: the sum of their "
-                         f"memory ceilings {list(ceilings)} is {sum(ceilings)}")
+        raise InvalidValue(f"global batch {global_batch} exceeds what the devices hold together: the sum of their "
+                           f"memory ceilings {list(ceilings)} is {sum(ceilings)}")
     lo, hi = 0.0, max(m.seconds(c) for m, c in zip(models, ceilings))
     for _ in range(200):  # bisection on the step time; each capacity is monotone in it
         mid = (lo + hi) / 2
@@ -225,9 +227,9 @@ def best_split(models: Sequence[StepModel], ceilings: Sequence[int]) -> Split:
 
 def _check(models: Sequence[StepModel], ceilings: Sequence[int]) -> None:
     if not models:
-        raise ValueError("need at least one device to split a batch over; got none")
+        raise InvalidValue("need at least one device to split a batch over; got none")
     if len(ceilings) != len(models):
-        raise ValueError(f"need one memory ceiling per device ({len(models)}); got ceilings={list(ceilings)}")
+        raise InvalidValue(f"need one memory ceiling per device ({len(models)}); got ceilings={list(ceilings)}")
     if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in ceilings):
-        raise ValueError(f"memory ceilings must be ints >= 1 (a device that cannot hold one sample cannot be used); "
-                         f"got ceilings={list(ceilings)}")
+        raise InvalidValue(f"memory ceilings must be ints >= 1 (a device that cannot hold one sample cannot be used); "
+                           f"got ceilings={list(ceilings)}")

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.errors import InvalidValue
+
 __all__ = ["tune", "efficiency", "profile_devices", "usable_ceilings", "host_bound_entries"]
 
 
@@ -139,17 +141,17 @@ def _check(devices, size, emulate, global_batch, method, margin) -> None:
 
     workloads.check_size(size)
     if not devices:
-        raise ValueError("tune needs at least one device; got none")
+        raise InvalidValue("tune needs at least one device; got none")
     if emulate is not None and len(emulate) != len(devices):
-        raise ValueError(f"need one emulated device per device: {len(devices)} devices but {len(emulate)} "
-                         "--emulate entries")
+        raise InvalidValue(f"need one emulated device per device: {len(devices)} devices but {len(emulate)} "
+                           "--emulate entries")
     if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
                                      or global_batch < 1):
-        raise ValueError(f"global batch must be an int >= 1; got {global_batch!r}")
+        raise InvalidValue(f"global batch must be an int >= 1; got {global_batch!r}")
     if method not in ("mirrored", "towers"):
-        raise ValueError(f"method must be 'mirrored' or 'towers'; got {method!r}")
+        raise InvalidValue(f"method must be 'mirrored' or 'towers'; got {method!r}")
     if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
-        raise ValueError(f"margin must be a fraction in [0, 1); got {margin!r}")
+        raise InvalidValue(f"margin must be a fraction in [0, 1); got {margin!r}")
 
 
 def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence, *, start: int = 32,
@@ -174,8 +176,8 @@ def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence
         probe = probe_device(workload, size, device, emulate=spec, start=start, limit=limit, tolerance=tolerance,
                              max_step_s=max_step_s, seed=seed, on_point=lambda d, p: say(_point_text(p)))
         if probe.ceiling is None:
-            raise ValueError(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
-                             f"{probe.oom_error}")
+            raise InvalidValue(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
+                               f"{probe.oom_error}")
         timed = [(p.batch, p.step_seconds) for p in probe.timed() if p.step_seconds is not None]  # all of them
         fit = fit_step_model([batch for batch, _ in timed], [seconds for _, seconds in timed])
         say(f"    ceiling {probe.ceiling} ({_stop_text(probe)}); fit {1000 * fit.model.fixed_s:.1f} ms + "
@@ -218,7 +220,7 @@ def _choose(probes, global_batch, margin, record):
         if global_batch > sum(usable):
             unsure = [f"{p.device} probed only up to {p.ceiling} ({p.stopped_by})" for p, _ in probes
                       if p.stopped_by != "oom"]
-            raise ValueError(
+            raise InvalidValue(
                 f"--global-batch {global_batch} does not fit: the devices hold {sum(usable)} together "
                 f"(ceilings {[p.ceiling for p, _ in probes]} less the {100 * margin:g}% margin: {usable})"
                 + (f"; {', '.join(unsure)}: raise --max-step-s to probe further" if unsure else ""))

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.bench.workloads.synthetic import Labels
+from harness.errors import InvalidValue
 
 __all__ = ["SIZES", "Labels", "Workload", "names", "get", "check_size"]
 
@@ -49,7 +50,7 @@ def check_size(size: str) -> str:
         ValueError: naming the bad size and the allowed ones.
     """
     if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+        raise InvalidValue(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     return size
 
 
@@ -114,7 +115,7 @@ class Workload:
         """
         check_size(size)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an integer >= 0; got seed={seed!r}")
+            raise InvalidValue(f"seed must be an integer >= 0; got seed={seed!r}")
         k = _keras(keras_module)
         python_state, numpy_state = random.getstate(), np.random.get_state()
         try:
@@ -196,4 +197,4 @@ def get(name: str) -> Workload:
     try:
         return _WORKLOADS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown workload {name!r}; choose from {', '.join(_WORKLOADS)}") from None
+        raise InvalidValue(f"unknown workload {name!r}; choose from {', '.join(_WORKLOADS)}") from None

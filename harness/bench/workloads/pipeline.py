@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from harness.bench.workloads import Workload, check_size, get
+from harness.errors import InvalidValue
 
 __all__ = ["POOL_BYTES", "InputRate", "default_pool_size", "make_dataset", "measure_input_rate", "is_starved"]
 
@@ -43,7 +44,7 @@ class InputRate:
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {name}={value!r}")
+        raise InvalidValue(f"{name} must be a positive integer; got {name}={value!r}")
     return int(value)
 
 
@@ -51,7 +52,7 @@ def _positive_number(name: str, value, *, zero_ok: bool = False) -> float:
     ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (value == 0 and not zero_ok):
         allowed = "a finite number >= 0" if zero_ok else "a positive finite number"
-        raise ValueError(f"{name} must be {allowed}; got {name}={value!r}")
+        raise InvalidValue(f"{name} must be {allowed}; got {name}={value!r}")
     return float(value)
 
 
@@ -170,7 +171,7 @@ def measure_input_rate(
         batches += 1
         elapsed = time.perf_counter() - start
     if batches == 0:
-        raise ValueError(f"the dataset yielded no batch to time after {_WARMUP_BATCHES} warm-up batches")
+        raise InvalidValue(f"the dataset yielded no batch to time after {_WARMUP_BATCHES} warm-up batches")
     return InputRate(samples_per_second=batches * batch_size / elapsed, batches=batches, seconds=elapsed)
 
 

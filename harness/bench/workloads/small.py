@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from harness.errors import InvalidValue
+
 __all__ = ["EQUIVALENCE_MODELS", "build", "loss", "make_data"]
 
 EQUIVALENCE_MODELS = ("dense", "cnn_bn", "gru", "two_input")
@@ -62,7 +64,7 @@ def build(name: str, keras=None):
         keras: the Keras module to build with (default ``keras``); ``tf_keras`` builds a Keras 2 model.
     """
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
+        raise InvalidValue(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
     return _BUILDERS[name](_module(keras))
 
 
@@ -80,7 +82,7 @@ def _module(keras):
 def make_data(name: str, samples: int, seed: int = 0):
     """``(x, y, sample_weight)`` for the named model: 3-class labels a linear rule can learn."""
     if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
+        raise InvalidValue(f"unknown model {name!r}; choose from {list(_BUILDERS)}")
     rng = np.random.default_rng(seed)
     shape_table: dict[str, list[tuple[int, ...]]] = {
         "dense": [(12,)], "cnn_bn": [(8, 8, 1)], "gru": [(6, 4)], "two_input": [(12,), (5,)]

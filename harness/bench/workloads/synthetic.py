@@ -14,6 +14,8 @@ from enum import Enum
 
 import numpy as np
 
+from harness.errors import InvalidValue
+
 __all__ = [
     "Labels",
     "task_rng",
@@ -43,14 +45,14 @@ def task_rng(name: str, size: str) -> np.random.Generator:
 def sample_rng(seed: int) -> np.random.Generator:
     """The generator samples are drawn from; raises ValueError for a seed that is not an int >= 0."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0; got seed={seed!r}")
+        raise InvalidValue(f"seed must be an integer >= 0; got seed={seed!r}")
     return np.random.default_rng(int(seed))
 
 
 def check_samples(samples: int) -> int:
     """``samples`` as an int, or ValueError unless it is a positive integer."""
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
-        raise ValueError(f"samples must be a positive integer; got samples={samples!r}")
+        raise InvalidValue(f"samples must be a positive integer; got samples={samples!r}")
     return int(samples)
 
 
@@ -62,7 +64,7 @@ def low_res_templates(task: np.random.Generator, classes: int, shape: tuple[int,
     """
     height, width, channels = shape
     if height % block or width % block:
-        raise ValueError(f"block={block} must divide the image size {height}x{width}")
+        raise InvalidValue(f"block={block} must divide the image size {height}x{width}")
     return task.random((classes, height // block, width // block, channels), dtype=np.float32)
 
 

@@ -18,7 +18,7 @@ Example:
 
 from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, keras_module, select
 from harness.bench.zoo.entry import ZooEntry
-from harness.bench.zoo.render import markdown, summary, text_table, to_json
+from harness.bench.zoo.render import from_json, markdown, overview, summary, text_table, to_json
 from harness.bench.zoo.runner import (
     KINDS,
     METHODS,
@@ -35,4 +35,4 @@ from harness.bench.zoo.runner import (
 __all__ = ["CATALOG", "NAMES", "GENERATIONS", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
            "keras_module", "run_zoo", "run_optimizer_axis",
            "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
-           "to_json", "summary"]
+           "to_json", "from_json", "summary", "overview"]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from harness.bench.zoo import applications, keras_io
 from harness.bench.zoo.entry import ZooEntry
+from harness.errors import InvalidValue, Unavailable
 
 __all__ = ["CATALOG", "NAMES", "GENERATIONS", "select", "keras_module"]
 
@@ -23,7 +24,7 @@ def select(names: Sequence[str] | None = None, keras: str = "3", fast_only: bool
     _check_generation(keras)
     unknown = sorted(set(names or ()) - set(NAMES))
     if unknown:
-        raise ValueError(f"unknown zoo models {unknown}; choose from {list(NAMES)}")
+        raise InvalidValue(f"unknown zoo models {unknown}; choose from {list(NAMES)}")
     wanted = set(names) if names else set(NAMES)
     return [e for e in CATALOG if e.name in wanted and (keras == "3" or e.keras2) and (e.fast or not fast_only)]
 
@@ -44,7 +45,7 @@ def keras_module(keras: str):
         package_major = 0
     if keras == "3":
         if package_major < 3:
-            raise ValueError("keras='3' needs Keras 3; the keras package here is "
+            raise Unavailable("keras='3' needs Keras 3; the keras package here is "
                              f"{'missing' if not package_major else f'Keras {package_major}'}")
         return importlib.import_module("keras")
     if package_major == 2:
@@ -52,10 +53,10 @@ def keras_module(keras: str):
     try:
         return importlib.import_module("tf_keras")
     except ImportError as err:
-        raise ValueError("keras='2' needs Keras 2: install tf-keras (or use TF <= 2.15, whose keras is Keras 2)") \
+        raise Unavailable("keras='2' needs Keras 2: install tf-keras (or use TF <= 2.15, whose keras is Keras 2)") \
             from err
 
 
 def _check_generation(keras: str) -> None:
     if keras not in GENERATIONS:
-        raise ValueError(f"keras must be one of {list(GENERATIONS)}; got keras={keras!r}")
+        raise InvalidValue(f"keras must be one of {list(GENERATIONS)}; got keras={keras!r}")

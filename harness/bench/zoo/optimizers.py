@@ -26,6 +26,7 @@ import numpy as np
 
 from harness.bench.zoo.custom import classes_of
 from harness.bench.zoo.entry import ZooEntry, is_keras3, output_dtype, ranked_labels, sparse_ce
+from harness.errors import InvalidValue
 
 __all__ = ["OPTIMIZERS", "OPTIONS", "MODELS", "AxisCase", "cases", "make_optimizer", "applicable", "FAST", "UPSTREAM",
            "NO_FLOAT64"]
@@ -227,7 +228,7 @@ def cases(k, models: Sequence[str] | None = None, optimizers: Sequence[str] | No
     unknown += [f"optimizer {o!r}" for o in optimizers or () if o not in OPTIMIZERS]
     unknown += [f"option {o!r}" for o in options or () if o not in OPTIONS]
     if unknown:
-        raise ValueError(f"unknown {', '.join(unknown)}; models {list(MODELS)}, optimizers {list(OPTIMIZERS)}, "
+        raise InvalidValue(f"unknown {', '.join(unknown)}; models {list(MODELS)}, optimizers {list(OPTIMIZERS)}, "
                          f"options {list(OPTIONS)}")
     out = []
     for model in models or list(MODELS):

@@ -1,12 +1,13 @@
 """Conformance: each zoo model x method x split through ``compare_training``, one row per case.
 
 A row's status is the verdict of ``compare_training(reference="float64")``: ``exact`` (within
-``tol`` of one device), ``as accurate as one device`` (no farther from a float64 run than one
-float32 device) or ``exact in float64`` (the parallel model trained in float64 equals one device
-in float64: float32 rounding that training amplified). Or ``refused: <reason>``: harness raised
-its own ValueError, TypeError, NotImplementedError or Keras2NotSupported naming what it does not
-support. Or ``FAIL: <reason>``: any other error (a bare AssertionError, TensorFlow's errors, an
-error from Keras), drift, or a model that must be refused (its own ``train_step``) trained anyway.
+``tol`` of one device) or ``as accurate as one device`` (the parallel model in float64 equals one
+device in float64, and the float32 run is within a few times the model's own rounding floor; see
+``harness.equivalence``). Or ``refused: <reason id>: <message>``: harness raised its
+``harness.errors.Refused``, deciding not to support the case. Or ``FAIL: <reason>``: drift, any
+other error (its traceback kept in the row: never a refusal), or an outcome other than the case's
+pin (``harness.bench.zoo.outcomes``: an exact case that turned as accurate or was refused, a
+refusal for another reason, a model that must be refused trained anyway).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import dataclasses
 import math
 import re
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from harness.bench.zoo.catalog import keras_module, select
 from harness.bench.zoo.entry import ZooEntry, is_keras3
 from harness.equivalence import VERDICTS
+from harness.errors import InvalidValue, Refused, Unavailable
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_optimizer_axis", "run_case", "status_of_error",
@@ -32,10 +34,6 @@ __all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_optimizer_axi
 SPLITS: dict[str, tuple[int, ...]] = {"even": (1, 1), "3:2": (3, 2), "5:3:2": (5, 3, 2)}
 METHODS = PARALLEL_METHODS
 
-_REFUSALS = (ValueError, TypeError, NotImplementedError)
-_HARNESS = Path(__file__).resolve().parents[2]  # the harness package (this file: harness/bench/zoo/runner.py)
-# Errors raised here are the zoo's or the comparison's own, never a refusal of the model.
-_NOT_REFUSALS = (Path(__file__).resolve().parent, _HARNESS / "equivalence.py")
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class ZooRow:
     keras: str  # "3" or "2"
     method: str
     split: str  # a key of SPLITS
-    status: str  # a verdict ("exact", "as accurate as one device", "exact in float64"), "refused: ...", "FAIL: ..."
+    status: str  # a verdict ("exact", "as accurate as one device"), "refused: <reason id>: ...", "FAIL: ..."
     max_deviation: float | None = None  # worst weight/optimizer-state deviation from one device
     loss_deviation: float | None = None  # worst per-epoch loss deviation from one device
     reference_single: float | None = None  # one float32 device's distance from float64
@@ -54,6 +52,9 @@ class ZooRow:
     reference_exact: float | None = None  # the parallel model in float64 vs one device in float64 (not run if exact)
     seconds: float = 0.0
     optimizer: str = ""  # the optimizer axis' "optimizer/option" (``harness.bench.zoo.optimizers``); "" elsewhere
+    floor: float | None = None  # the rounding floor: one device vs one device in another summation order
+    expected: str = "exact"  # the case's pinned outcome (``harness.bench.zoo.outcomes``)
+    traceback: str = ""  # an error's whole traceback, where the case raised something other than a refusal
 
     @property
     def failed(self) -> bool:
@@ -140,7 +141,7 @@ def run_optimizer_axis(
 def _check(methods: Sequence[str], splits: Sequence[str]) -> None:
     bad = [m for m in methods if m not in METHODS] + [s for s in splits if s not in SPLITS]
     if bad:
-        raise ValueError(f"unknown methods or splits {bad}; methods {list(METHODS)}, splits {list(SPLITS)}")
+        raise InvalidValue(f"unknown methods or splits {bad}; methods {list(METHODS)}, splits {list(SPLITS)}")
 
 
 def _needed(splits: Sequence[str]) -> int:
@@ -151,6 +152,9 @@ def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, met
          splits: Sequence[str], devices: list[str], tol: float,
          progress: Callable[[ZooRow, int, int], None] | None) -> list[ZooRow]:
     """Each ``(entry, optimizer label, reference)`` x method x split, one row each, in order."""
+    from harness.bench.zoo import outcomes
+
+    pins = outcomes.load()
     total = len(entries) * len(methods) * len(splits)
     rows: list[ZooRow] = []
     for entry, label, reference in entries:
@@ -158,7 +162,8 @@ def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, met
         for method in methods:
             for split in splits:
                 row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
-                               single_runs=kept)
+                               single_runs=kept, expected=outcomes.pinned((entry.name, keras, method, split, label),
+                                                                          pins))
                 rows.append(dataclasses.replace(row, optimizer=label) if label else row)
                 if progress is not None:
                     progress(rows[-1], len(rows), total)
@@ -170,32 +175,42 @@ def _devices(devices: Sequence[str] | None, needed: int) -> list[str]:
 
     names = resolve_devices(needed if devices is None else list(devices))
     if len(names) < needed:
-        raise ValueError(f"the splits need {needed} devices; got {len(names)}: {names}")
+        raise Unavailable(f"the splits need {needed} devices; got {len(names)}: {names}")
     return names
 
 
 def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: Sequence[str],
-             reference: str | None = "float64", tol: float = 1e-6, single_runs: dict | None = None) -> ZooRow:
+             reference: str | None = "float64", tol: float = 1e-6, single_runs: dict | None = None,
+             expected: str | None = None) -> ZooRow:
     """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises.
 
     ``single_runs``: a dict shared by the cases of one model (``compare_training``'s): its
     single-device runs are trained by the first case and reused by the others, and so is the
     parallel model of each method and device count (``set_ratios`` between splits: no retrace).
+    ``expected``: the case's pinned outcome (default: its pin in ``harness.bench.zoo.outcomes``); a row
+    that does not meet it is a FAIL.
     """
+    from harness.bench.zoo import outcomes
+
+    if expected is None:
+        expected = outcomes.pinned((entry.name, keras, method, split, ""), outcomes.load())
     start = time.perf_counter()
     try:
         with _full_tracebacks(k):
             report = _compare(entry, k, method, SPLITS[split], devices, reference, single_runs, tol)
     except Exception as err:  # noqa: BLE001 - every error becomes the row's status
-        return ZooRow(entry.name, keras, method, split, status_of_error(err), seconds=time.perf_counter() - start)
+        status = outcomes.judged(status_of_error(err), expected)
+        trace = "" if isinstance(err, Refused) else "".join(traceback.format_exception(err))
+        return ZooRow(entry.name, keras, method, split, status, seconds=time.perf_counter() - start,
+                      expected=expected, traceback=trace)
     seconds = time.perf_counter() - start
-    status = _verdict(report, tol)
+    status = outcomes.judged(_verdict(report, tol), expected)
     if entry.must_refuse:
         status = f"FAIL: not refused: harness trained its own step, not the model's train_step ({status})"
     return ZooRow(entry.name, keras, method, split, status, max_deviation=report.max_deviation,
                   loss_deviation=report.max_loss_deviation,
                   reference_single=report.reference_single, reference_parallel=report.reference_parallel,
-                  reference_exact=report.reference_exact, seconds=seconds)
+                  reference_exact=report.reference_exact, seconds=seconds, floor=report.floor, expected=expected)
 
 
 def _compare(entry: ZooEntry, k, method: str, ratios: tuple[int, ...], devices: Sequence[str],
@@ -220,13 +235,7 @@ def _verdict(report, tol: float) -> str:
     if not verdict.startswith("FAIL"):
         return verdict
     figures = f"max deviation {_e(report.max_deviation)}, loss deviation {_e(report.max_loss_deviation)}"
-    if report.reference_single is None:
-        return f"FAIL: beyond tol {tol:g} ({figures}; no float64 reference to tell rounding from drift)"
-    if report.reference_exact is not None and not math.isnan(report.reference_exact):
-        return (f"FAIL: not exact in float64 either (parallel vs one device, both float64: "
-                f"{_e(report.reference_exact)}); {figures}")
-    return (f"FAIL: {figures}; from float64: parallel {_e(report.reference_parallel)}, "
-            f"one device {_e(report.reference_single)}, float64 parallel vs one device {_e(report.reference_exact)}")
+    return f"FAIL: beyond tol {tol:g} ({figures}): {report.why_not()}"
 
 
 def _e(value: float | None) -> str:
@@ -234,12 +243,11 @@ def _e(value: float | None) -> str:
 
 
 def status_of_error(err: BaseException) -> str:
-    """``refused: <message>`` for harness's own refusals; ``FAIL: <type>: <message>`` for anything else."""
-    from harness.compat import Keras2NotSupported
-
+    """``refused: <reason id>: <message>`` for ``harness.errors.Refused`` alone (harness deciding not to support
+    something); ``FAIL: <type>: <message>`` for anything else, harness' other errors included."""
     line = _message(err)
-    if isinstance(err, Keras2NotSupported) or (isinstance(err, _REFUSALS) and _raised_by_harness(err)):
-        return f"refused: {line}"
+    if isinstance(err, Refused):
+        return f"refused: {err.reason}: {line}"
     return f"FAIL: {type(err).__name__}: {line}"
 
 
@@ -254,27 +262,6 @@ def _message(err: BaseException, limit: int = 300) -> str:
         line = next((text for text in lines if text.startswith("(0) ")), lines[-1])
     line = re.sub(r"\s*\(defined @ [^)]*\)", "", re.sub(r"\s+", " ", line))  # TF's variable creation sites
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _raising_file(err: BaseException) -> str | None:
-    metadata = getattr(err, "ag_error_metadata", None)  # autograph re-raise: its stack maps to the source
-    stack = getattr(metadata, "translated_stack", None)
-    if stack:
-        return stack[0].filename  # innermost first
-    tb, filename = err.__traceback__, None
-    while tb is not None:
-        filename, tb = tb.tb_frame.f_code.co_filename, tb.tb_next
-    return filename
-
-
-def _raised_by_harness(err: BaseException) -> bool:
-    filename = _raising_file(err)
-    if filename is None:
-        return False
-    path = Path(filename).resolve()
-    if not path.is_relative_to(_HARNESS):
-        return False
-    return not any(path == other or path.is_relative_to(other) for other in _NOT_REFUSALS)
 
 
 @contextlib.contextmanager

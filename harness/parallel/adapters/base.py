@@ -11,6 +11,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from harness.errors import Refused
+
 __all__ = ["Adapter", "add_all"]
 
 
@@ -188,19 +190,45 @@ class Adapter:
         """``template`` cloned in ``strategy``'s scope with its weights, BatchNormalization synchronised.
 
         Raises:
-            ValueError: Keras cannot clone ``template`` (the reason included).
+            harness.errors.Refused: ``template`` is a subclassed model Keras cannot rebuild from a config
+                (``"not-cloneable"``: it keeps Keras' ``get_config`` while its ``__init__`` takes arguments
+                Keras cannot record), or a Keras 2 subclassed model never called on data
+                (``"unbuilt-subclassed-model"``). Any other error of cloning (a layer's own ``get_config``
+                or ``from_config`` failing, an error of Keras) propagates as it is.
         """
-        try:
-            with strategy.scope(), self._global_policy(template):
-                replica = self._clone(template, sync_batchnorm)
-                replica.set_weights(template.get_weights())
-        except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
-            raise ValueError(
-                f"method='mirrored' needs a model {self.k.__name__} can clone (Functional, Sequential, or subclassed "
-                f"with get_config/from_config, called on data once) to place its variables on every device; "
-                f"cloning {template.name!r} ({type(template).__name__}) failed: {err}"
-            ) from err
+        why = self._clone_refusal(template)
+        if why is not None:
+            raise Refused("not-cloneable", self.clone_refusal_text(template, why))
+        with strategy.scope(), self._global_policy(template):
+            replica = self._clone(template, sync_batchnorm)
+            replica.set_weights(template.get_weights())
         return replica
+
+    def clone_refusal_text(self, template, why: str) -> str:
+        """The message of a refusal to clone ``template`` for ``method='mirrored'``, ``why`` at its end."""
+        return (f"method='mirrored' needs a model {self.k.__name__} can clone (Functional, Sequential, or subclassed "
+                f"with get_config/from_config, called on data once) to place its variables on every device; "
+                f"cannot clone {template.name!r} ({type(template).__name__}): {why}")
+
+    def _clone_refusal(self, template) -> str | None:
+        """Why Keras cannot rebuild the subclassed model ``template`` from a config, or None.
+
+        A subclassed model that keeps Keras' own ``Model.get_config`` has a config only where Keras
+        recorded its ``__init__`` arguments; otherwise Keras' ``Layer.get_config`` raises
+        ``NotImplementedError`` (Keras 3.15 and tf_keras 2.21 checked; tf_keras' ``Model.get_config``
+        returns an empty config instead, which ``from_config`` cannot build from). A model with a
+        ``get_config`` of its own is cloned, and its errors are its own.
+        """
+        k = self.k
+        if self.graph_of(template) is not None or isinstance(template, k.Sequential):
+            return None
+        if getattr(type(template), "get_config", None) is not getattr(k.Model, "get_config", None):
+            return None
+        try:
+            k.layers.Layer.get_config(template)
+        except NotImplementedError as err:
+            return " ".join(str(err).split())
+        return None
 
     @contextlib.contextmanager
     def _global_policy(self, template):
@@ -244,9 +272,11 @@ class Adapter:
         return found
 
     def unsupported_error(self, template, method: str, refused: list[str]) -> Exception:
-        """The error ``parallelize`` raises for what ``unsupported`` found."""
-        return ValueError(f"method={method!r} cannot train {template.name!r} exactly: {'; '.join(refused)}. "
-                          "Use " + ("method='mirrored', or " if method == "towers" else "") + "sync_batchnorm=False")
+        """The error ``parallelize`` raises for what ``unsupported`` found: a ``Refused``
+        (``"unsynchronised-batchnorm"``)."""
+        return Refused("unsynchronised-batchnorm",
+                       f"method={method!r} cannot train {template.name!r} exactly: {'; '.join(refused)}. "
+                       "Use " + ("method='mirrored', or " if method == "towers" else "") + "sync_batchnorm=False")
 
     def towers_refusal(self, template) -> list[str]:
         """``"name (why)"`` of the layers towers cannot run on devices other than their variables'."""

@@ -24,6 +24,7 @@ import inspect
 
 import tensorflow as tf
 
+from harness.errors import Refused
 from harness.parallel.adapters.base import Adapter, add_all
 from harness.parallel.collective import global_moments, replica_all_reduce
 
@@ -222,7 +223,8 @@ class Keras2Adapter(Adapter):
         clone_model takes Functional and Sequential models only)."""
         spec = template.save_spec(dynamic_batch=True)
         if spec is None:
-            raise ValueError("it was never called on data, so its input shapes are unknown")
+            raise Refused("unbuilt-subclassed-model", self.clone_refusal_text(
+                template, "it was never called on data, so its input shapes are unknown"))
         replica = type(template).from_config(template.get_config())
         args, kwargs = spec
         replica(*tf.nest.map_structure(lambda s: tf.zeros([1, *s.shape[1:]], s.dtype), args), **kwargs)
@@ -251,6 +253,7 @@ class Keras2Adapter(Adapter):
         from harness.compat import Keras2NotSupported
 
         return Keras2NotSupported(
+            "keras2-batchnorm",
             f"method={method!r} on a Keras 2 model ({type(template).__module__}) cannot train exactly: "
             + "; ".join(refused) + ". Use a Keras 3 model (import keras, TF >= 2.16), or sync_batchnorm=False")
 
@@ -275,8 +278,12 @@ class Keras2Adapter(Adapter):
         if layer.fused or getattr(layer, "bessel_moving_variance", False):  # the fused kernel's moving variance
             # carries Bessel's correction (a SyncBatchNormalization stands in for a fused layer)
             variance = variance * _bessel(tf.cast(count, variance.dtype))
-        layer._assign_moving_average(layer.moving_mean, mean, layer.momentum, None)
-        layer._assign_moving_average(layer.moving_variance, variance, layer.momentum, None)
+        assign = layer._assign_moving_average
+        if hasattr(layer, "bessel_moving_variance"):  # a SyncBatchNormalization: corrected above already; its own
+            # correction reads the count its _moments keeps, which this path never sets (TF 2.15: AttributeError)
+            assign = super(type(layer), layer)._assign_moving_average  # type: ignore[misc]
+        assign(layer.moving_mean, mean, layer.momentum, None)
+        assign(layer.moving_variance, variance, layer.momentum, None)
 
     def bn_normalize(self, layer, x, mean, variance):
         shape = [1] * len(x.shape)

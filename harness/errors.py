@@ -1,0 +1,91 @@
+"""The errors harness raises on purpose, each explained in its message.
+
+A :class:`HarnessError` is a failure harness diagnosed itself: its message names the bad value,
+the missing thing or what is not supported, and says what to do. Anything else that escapes
+harness (a ``KeyError``, an error from TensorFlow or Keras that harness did not expect) is a bug
+or an unforeseen case, and the ``harness`` command says so (exit status 1, with the traceback)
+instead of printing it as a usage error (exit status 2).
+
+Each subclass also derives from the built-in exception it replaces, so ``except ValueError``
+and ``pytest.raises(ValueError)`` still catch an :class:`InvalidValue` or a :class:`Refused`:
+
+- :class:`InvalidValue` (a ``ValueError``): a bad argument, option or input file value;
+- :class:`InvalidType` (a ``TypeError``): an argument of the wrong type;
+- :class:`Unavailable` (a ``RuntimeError``): something the environment lacks (an optional
+  package, a Docker engine, enough devices, a Keras generation);
+- :class:`Failed` (a ``RuntimeError``): a step harness ran failed or cannot go on (a
+  subprocess' exit status, workers that disagree), diagnosed;
+- :class:`Refused` (a ``ValueError``): harness deliberately does not support something, with a
+  short machine-readable :attr:`Refused.reason` besides the message (:class:`NotSupported`: one
+  that is a ``NotImplementedError`` too).
+
+This module imports nothing of harness and no TensorFlow (the bottom layer, docs/design.md).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["HarnessError", "InvalidValue", "InvalidType", "Unavailable", "Failed", "Refused", "NotSupported"]
+
+
+class HarnessError(Exception):
+    """A failure harness diagnosed itself; the message says what was wrong (the value, the missing thing)."""
+
+
+class InvalidValue(HarnessError, ValueError):
+    """A bad argument, option or input value; the message names it (``got ratios=[3, -1]``)."""
+
+
+class InvalidType(HarnessError, TypeError):
+    """An argument of the wrong type; the message names it and the type wanted."""
+
+
+class Unavailable(HarnessError, RuntimeError):
+    """Something the environment lacks: an optional package or extra, a Docker engine, enough devices,
+    a Keras generation that is not installed."""
+
+
+class Failed(HarnessError, RuntimeError):
+    """A step harness ran failed or cannot go on, diagnosed: a subprocess' exit status, workers that
+    read different checkpoints, TensorFlow initialised before the devices were laid out."""
+
+
+_REASON = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+class Refused(HarnessError, ValueError):
+    """Harness deliberately does not support something (a model with its own ``train_step``, a sparse
+    layout, an optimizer that drifts under a method); ``str()`` is the message.
+
+    Args:
+        reason: a short kebab-case id of what is refused (``"custom-train-step"``), for programs
+            that sort refusals; stable across versions.
+        message: what is refused and why, for people.
+
+    Raises:
+        InvalidValue: ``reason`` is not a kebab-case id.
+
+    Example:
+        >>> err = Refused("custom-train-step", "method='mirrored' cannot train 'net': it has its own train_step")
+        >>> err.reason, str(err)
+        ('custom-train-step', "method='mirrored' cannot train 'net': it has its own train_step")
+    """
+
+    def __init__(self, reason: str, message: str):
+        if not isinstance(reason, str) or not _REASON.fullmatch(reason):
+            raise InvalidValue(f"a refusal's reason is a kebab-case id like 'custom-train-step'; got reason={reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def __reduce__(self):  # pickles (multiprocessing, pytest-xdist) with both arguments
+        return type(self), (self.reason, self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class NotSupported(Refused, NotImplementedError):
+    """A :class:`Refused` that is a ``NotImplementedError`` too: the refusals harness raised as one before
+    (a model with its own ``train_step``, masked inputs to a synchronised BatchNormalization)."""

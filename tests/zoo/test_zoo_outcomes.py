@@ -1,0 +1,118 @@
+"""Pinned zoo outcomes (issue 31, point 1): a case that changes kind is a FAIL row, not a quiet pass.
+
+Each zoo case (model x Keras x method x split, and the optimizer axis' settings) has its outcome
+pinned in harness/bench/zoo/outcomes.json: exact (the default), as accurate as one device, or
+refused with a reason id. The planted defects below are the ones that passed before: a refusal
+raised for an exact model, a refusal for another reason, an error that is not a refusal.
+"""
+
+import json
+
+import pytest
+
+from harness.bench import zoo
+from harness.bench.zoo import outcomes
+from harness.errors import InvalidValue, Refused
+
+
+def _row(status, model="m", keras="3", method="towers", split="3:2", optimizer=""):
+    return zoo.ZooRow(model, keras, method, split, status, optimizer=optimizer)
+
+
+def test_a_row_meets_its_pin_or_is_a_fail():
+    assert outcomes.meets("exact", "exact")
+    assert outcomes.meets("exact", "as accurate as one device")  # closer than required
+    assert outcomes.meets("as accurate as one device", "as accurate as one device")
+    assert not outcomes.meets("as accurate as one device", "exact")  # an exact case turned as accurate
+    assert outcomes.meets("refused: custom-train-step: it has its own train_step", "refused: custom-train-step")
+    assert not outcomes.meets("refused: jit-compile: XLA", "refused: custom-train-step")  # another reason
+    assert not outcomes.meets("refused: custom-train-step: x", "exact")  # an exact model refused
+    assert not outcomes.meets("exact", "refused: custom-train-step")  # a refused model trained
+    assert not outcomes.meets("FAIL: ValueError: x", "exact")
+
+
+def test_pins_round_trip_and_keep_the_cases_not_run(tmp_path):
+    path = tmp_path / "outcomes.json"
+    assert outcomes.load(path) == {}  # no file: every case must be exact
+    first = [_row("exact"), _row("as accurate as one device", split="even"),
+             _row("refused: custom-train-step: no", model="c"), _row("exact", optimizer="adam/plain")]
+    outcomes.write(first, path)
+    assert outcomes.load(path) == {("m", "3", "towers", "even", ""): "as accurate as one device",
+                                   ("c", "3", "towers", "3:2", ""): "refused: custom-train-step"}
+    # A later run of one case: its pin replaced (exact: unpinned), the others kept; a missed pin is re-pinned as
+    # the case came out (a reviewed change of outcomes.json), never a FAIL of another kind.
+    outcomes.write([_row("FAIL: pinned as accurate as one device, got exact", split="even"),
+                    _row("FAIL: pinned exact, got refused: jit-compile: XLA", model="d")], path)
+    assert outcomes.load(path) == {("c", "3", "towers", "3:2", ""): "refused: custom-train-step",
+                                   ("d", "3", "towers", "3:2", ""): "refused: jit-compile"}
+    assert outcomes.pinned(("m", "3", "towers", "even", ""), outcomes.load(path)) == "exact"
+
+
+def test_a_failure_is_never_pinned(tmp_path):
+    path = tmp_path / "outcomes.json"
+    with pytest.raises(InvalidValue, match=r"never pinned; got m\|3\|towers\|3:2\|: FAIL: beyond tol"):
+        outcomes.write([_row("exact", model="a"), _row("FAIL: beyond tol 1e-06 (max deviation 1e-3)")], path)
+    assert not path.exists()  # nothing written
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ("not json", "not JSON"),
+    ('{"pins": []}', "expected"),
+    ('{"pins": {"m|3|towers": "exact"}}', "'m|3|towers'"),
+    ('{"pins": {"m|3|towers|3:2|": "FAIL"}}', "got 'FAIL'"),
+    ('{"pins": {"m|3|towers|3:2|": "refused: "}}', "got 'refused: '"),
+])
+def test_a_bad_pin_file_is_named(tmp_path, text, named):
+    path = tmp_path / "outcomes.json"
+    path.write_text(text)
+    with pytest.raises(InvalidValue, match=named):
+        outcomes.load(path)
+
+
+def test_the_shipped_pins_name_real_cases():
+    """Every pin is a case the zoo has, with an outcome a case can have; the file ships in the package."""
+    from harness.bench.zoo import optimizers
+
+    pins = outcomes.load()
+    assert pins, "harness/bench/zoo/outcomes.json holds the pins of the cases that are not exact"
+    models = set(zoo.NAMES)
+    for (model, keras, method, split, optimizer), outcome in pins.items():
+        assert keras in zoo.GENERATIONS and method in zoo.METHODS and split in zoo.SPLITS, (model, outcome)
+        if optimizer:
+            name, option = optimizer.split("/")
+            assert model in optimizers.MODELS and name in optimizers.OPTIMIZERS and option in optimizers.OPTIONS
+        else:
+            assert model in models, model
+    data = json.loads(outcomes.PINS.read_text())
+    assert list(data["pins"]) == sorted(data["pins"])  # written in order: reviewable diffs
+
+
+def test_a_refusal_raised_for_an_exact_model_fails_its_case(logical_devices, monkeypatch, keras3):
+    """Planted: harness refuses a model that trains exactly. Before the pins, any refusal passed."""
+    import harness.parallel as parallel
+
+    def refusing(*args, **kwargs):
+        raise Refused("planted", "planted refusal of a model harness trains exactly")
+
+    monkeypatch.setattr(parallel, "parallelize", refusing)
+    (entry,) = zoo.select(["subclassed_mlp"])
+    k = keras3  # the Keras 3 cases: skipped where the keras package is Keras 2
+    row = zoo.run_case(entry, k, "3", "towers", "3:2", logical_devices[:3])
+    assert row.failed and row.status == ("FAIL: pinned exact, got refused: planted: planted refusal of a model "
+                                         "harness trains exactly"), row.status
+
+
+def test_an_error_that_is_not_a_refusal_fails_with_its_traceback(logical_devices, monkeypatch, keras3):
+    """Planted: cloning breaks with a ValueError inside harness. Before, harness' own ValueError was a refusal."""
+    from harness.parallel.adapters import base
+
+    def broken(self, *args, **kwargs):
+        raise ValueError("planted: cloning broke")
+
+    monkeypatch.setattr(base.Adapter, "clone", broken)
+    (entry,) = zoo.select(["subclassed_mlp"])
+    k = keras3  # the Keras 3 cases: skipped where the keras package is Keras 2
+    row = zoo.run_case(entry, k, "3", "mirrored", "3:2", logical_devices[:3])
+    assert row.failed and row.status == "FAIL: ValueError: planted: cloning broke", row.status
+    assert "Traceback (most recent call last)" in row.traceback and "in broken" in row.traceback
+    assert "raised:\n" in zoo.text_table([row]) and "planted: cloning broke" in zoo.text_table([row])
