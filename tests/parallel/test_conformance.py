@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import harness
+from harness.errors import Refused
 
 METHODS = ["towers", "mirrored"]
 
@@ -171,8 +172,9 @@ def test_a_model_with_its_own_train_step_is_refused_by_name(logical_devices, any
     x = k.Input((4,))
     model = OwnStep(x, k.layers.Dense(1)(x))
     for method in METHODS:
-        with pytest.raises(NotImplementedError, match="defines its own train_step"):
+        with pytest.raises(NotImplementedError, match="defines its own train_step") as info:
             harness.parallelize(model, logical_devices[:2], method=method)
+        assert isinstance(info.value, Refused) and info.value.reason == "custom-train-step"  # a refusal, by its id
 
 
 def test_multi_gpu_model_trains_as_one_device(logical_devices, any_keras):

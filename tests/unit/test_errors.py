@@ -204,17 +204,3 @@ def test_a_subclassed_model_keras_has_no_config_of_is_refused(logical_devices, a
             as info:
         adapter_for(model).clone(model, tf.distribute.get_strategy(), sync_batchnorm=False)
     assert info.value.reason == "not-cloneable"
-
-
-def test_a_model_with_its_own_train_step_is_refused_with_its_reason(logical_devices, any_keras):
-    k = any_keras
-
-    class OwnStep(k.Model):
-        def train_step(self, data):
-            return super().train_step(data)
-
-    x = k.Input((4,))
-    model = OwnStep(x, k.layers.Dense(1)(x))
-    with pytest.raises(Refused, match="defines its own train_step") as info:
-        harness.parallelize(model, logical_devices[:2], method="mirrored")
-    assert info.value.reason == "custom-train-step" and isinstance(info.value, NotImplementedError)
