@@ -148,7 +148,13 @@ class EquivalenceReport:
         return all(not math.isnan(run) and not math.isnan(floor) and run <= factor * floor for run, floor in pairs)
 
     def why_not(self) -> str:
-        """Why a report that is not exact is not as accurate as one device either, in words (its FAIL reason)."""
+        """Why a report that is not exact is not as accurate as one device either, in words (its FAIL reason);
+        ``"as accurate as one device"`` where it is."""
+        return self._rounding_failure() or "as accurate as one device"
+
+    def _rounding_failure(self) -> str | None:
+        """The reason the difference from one device is not float32 rounding, or None where it is: the one rule
+        ``verdict`` applies and ``why_not`` words."""
         if self.reference is None:
             return "no float64 reference to tell rounding from drift"
         if self.reference_exact is None:
@@ -159,7 +165,7 @@ class EquivalenceReport:
         if self.floor is None or self.floor_loss is None:
             return "no rounding floor was measured"
         if self.within_floor():
-            return "as accurate as one device"
+            return None
         return (f"{self.floor_multiple():.3g} x this model's rounding floor on one device (weights {self.floor:.3e}, "
                 f"loss {self.floor_loss:.3e}), more than {FLOOR_FACTOR:g} x, though exact in float64: a defect of "
                 f"low-precision arithmetic, or rounding this model amplifies beyond what one device shows")
@@ -169,7 +175,7 @@ class EquivalenceReport:
         weights and loss); inf where the floor is 0 and the distance is not, NaN without a floor."""
         if self.floor is None or self.floor_loss is None:
             return math.nan
-        return max(_multiple(self.max_deviation, self.floor), _multiple(self.max_loss_deviation, self.floor_loss))
+        return _worst(_multiple(self.max_deviation, self.floor), _multiple(self.max_loss_deviation, self.floor_loss))
 
     def verdict(self, tol: float = 1e-6) -> str:
         """``"exact"``, ``"as accurate as one device"`` or ``"FAIL"``.
@@ -189,11 +195,7 @@ class EquivalenceReport:
         _check_number("tol", tol)
         if self.is_equivalent(tol):
             return "exact"
-        if self.reference is None or self.reference_exact is None or not self.reference_exact <= FLOAT64_TOL:
-            return "FAIL"
-        if self.floor is None or self.floor_loss is None:
-            return "FAIL"
-        return "as accurate as one device" if self.within_floor() else "FAIL"
+        return "FAIL" if self._rounding_failure() else "as accurate as one device"
 
     def worst_against_reference(self, limit: int = 10) -> list[tuple[WeightDiff, WeightDiff]]:
         """``(single vs float64, parallel vs float64)`` of the variables the parallel run has farthest from it."""

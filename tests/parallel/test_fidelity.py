@@ -100,6 +100,7 @@ def test_verdicts_from_the_figures():
     assert _report(None, None, exact=True, reference=None).verdict() == "exact"
     assert _report(1e-5, 2e-5, deviation=3e-5).floor_multiple() == pytest.approx(3.0)
     assert _report(1e-5, 2e-5, floor=0.0).floor_multiple() == math.inf
+    assert math.isnan(_report(1e-5, 2e-5, loss=math.nan).floor_multiple())  # a NaN loss is not hidden by the weights
     assert "8.01 x this model's rounding floor" in _report(1e-5, 2e-5, deviation=8.01e-5).why_not()
     assert "not exact in float64 either" in _report(1e-5, 2e-5, exact64=1e-6).why_not()
 
