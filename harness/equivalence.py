@@ -540,8 +540,9 @@ def compare_training(
         exact64 += _diff_variables(exact.optimizer, parallel64.optimizer.variables, "optimizer/")
         reference_exact = _max_deviation(exact64)
     pairs = [(exact.weights, one.weights, template.weights, "")]
-    if _same_shapes(exact.optimizer, one.optimizer):
-        pairs.append((exact.optimizer, one.optimizer, parallel.optimizer.variables, "optimizer/"))
+    extra = _leading_extras(exact.optimizer, one.optimizer)
+    if extra is not None:  # the optimizer's state too, where the float64 run has it: the floor spans what diffs do
+        pairs.append((exact.optimizer, one.optimizer[extra:], parallel.optimizer.variables[extra:], "optimizer/"))
     against_single: list[WeightDiff] = []
     against_parallel: list[WeightDiff] = []
     for in_float64, in_single, in_parallel, prefix in pairs:
@@ -653,6 +654,15 @@ def _diff_variables(reference, other, prefix: str) -> list[WeightDiff]:
 
 def _variable_name(variable) -> str:
     return getattr(variable, "path", None) or variable.name  # Keras 3 variables have a path, tf.Variables a name
+
+
+def _leading_extras(reference, other) -> int | None:
+    """How many leading variables ``other`` has beyond ``reference`` when its others are ``reference``'s, shape for
+    shape; None where they are not. Keras 3's LossScaleOptimizer (mixed precision) lists its own variables (its
+    iteration, learning rate, step counter and dynamic scale) before its inner optimizer's, which the float64
+    run's optimizer has alone; tf_keras' lists the inner optimizer's alone (0 extras)."""
+    extra = len(other) - len(reference)
+    return extra if extra >= 0 and _same_shapes(reference, other[extra:]) else None
 
 
 def _same_shapes(reference, other) -> bool:

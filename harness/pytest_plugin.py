@@ -7,8 +7,9 @@ where asked for, with ``pytest -p harness.pytest_plugin`` or, in a top-level
 ``harness.assert_equivalent`` needs no pytest. Importing it does not import
 TensorFlow.
 
-It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, skips
-tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``),
+It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``,
+skips tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``,
+``--run-extended``),
 and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
 
 Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
@@ -55,6 +56,9 @@ MARKERS = {
     "timing": "asserts measured speeds of emulated devices; must hold on a busy machine (.ci/run also runs "
               "these beside two CPU hogs)",
     "zoo": "model-zoo conformance beyond the fast subset: every architecture x method x split (--run-zoo or -m zoo)",
+    "extended": "the deeper half of the suite, kept out of the quick loop (the optimizer axis' fast subset, asv suite "
+                "runs, the gate's repeated measurements, every zoo entry's build): .ci/run runs it "
+                "(--run-extended or -m extended)",
 }
 
 
@@ -105,6 +109,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("harness")
     group.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
     group.addoption("--run-docker", action="store_true", default=False, help="run tests marked docker")
+    group.addoption("--run-extended", action="store_true", default=False,
+                    help="run the extended tests too (marked extended; also selected by -m extended)")
     group.addoption("--run-zoo", action="store_true", default=False,
                     help="run the whole model zoo (tests marked zoo; also selected by -m zoo)")
     group.addoption(
@@ -232,6 +238,8 @@ def pytest_collection_modifyitems(config, items):
         "docker": None if config.getoption("--run-docker") else "docker: run with --run-docker",
         "zoo": None if config.getoption("--run-zoo") or "zoo" in (config.getoption("markexpr") or "")
         else "whole model zoo: run with --run-zoo or -m zoo",
+        "extended": None if config.getoption("--run-extended") or "extended" in (config.getoption("markexpr") or "")
+        else "extended: run with --run-extended or -m extended",
     }
     for item in items:
         for name, reason in reasons.items():

@@ -91,6 +91,7 @@ def _saved_results(results_dir: Path) -> dict:
             for name, row in saved["results"].items()}
 
 
+@pytest.mark.extended
 def test_one_combination_of_every_benchmark_runs(config, tmp_path):
     # Judged on asv's saved results, not on words in the log: TensorFlow prints lines such as
     # "failed call to cuInit" on machines without a GPU (tf-keras pulls in the CUDA wheel).

@@ -77,6 +77,7 @@ def test_bisect_names_the_planted_slow_commit_within_the_bound(history):
     assert "harness bisect: [2] commit 6 of 10" in done.stderr  # progress as it goes: 6 is the first probe
 
 
+@pytest.mark.extended
 def test_bisect_a_higher_is_better_rate_that_drops(history):
     # items/s: the slow commit lowers the value; a drop is the regression (asv counts higher as worse).
     repo, commits = history
@@ -89,6 +90,7 @@ def test_bisect_a_higher_is_better_rate_that_drops(history):
     assert report["runs"] <= math.ceil(math.log2(7)) + 1
 
 
+@pytest.mark.extended
 def test_bisect_says_when_bad_is_no_worse_than_good(history):
     repo, commits = history
     done = _bisect(repo, "bench.Work.time_work", commits[6], commits[8])  # both after the slow-down
@@ -100,6 +102,7 @@ def test_bisect_says_when_bad_is_no_worse_than_good(history):
     assert "2 benchmark runs (bound ceil(log2 3) + 1 = 3)" in done.stdout
 
 
+@pytest.mark.extended
 def test_bisect_stops_with_2_where_the_benchmark_fails(history):
     repo, commits = history
     done = _bisect(repo, "bench.Work.time_work", commits[9], commits[10])

@@ -36,6 +36,7 @@ def _gate(repo: Path, base: str, head: str, mode: str = "existing", *extra: str)
                        *extra)
 
 
+@pytest.mark.extended
 def test_gate_passes_an_unchanged_pair(planted):
     repo, commits = planted
     done = _gate(repo, commits["first"], commits["same"])
@@ -43,6 +44,7 @@ def test_gate_passes_an_unchanged_pair(planted):
     assert "No benchmark got worse" in done.stdout and "1 same" in done.stdout
 
 
+@pytest.mark.extended
 def test_gate_passes_five_a_a_runs_of_one_commit(planted):
     # Issue 19: the same commit against itself, five times: never a regression (the gate's false alarms on
     # a shared runner; TorchBench moved its threshold from 10% to 30% for per-model noise of 5-9%).
@@ -54,6 +56,7 @@ def test_gate_passes_five_a_a_runs_of_one_commit(planted):
         assert "A/A (2+2 rounds)" in row and row.split("|")[7].strip().endswith("%")  # noise and what it detects
 
 
+@pytest.mark.extended
 def test_gate_measures_a_borderline_result_again_before_failing(planted):
     # 45% slower against a 1.25 threshold: within twice the detectable change, so one more round runs.
     repo, commits = planted
@@ -82,6 +85,7 @@ def test_gate_fails_a_planted_30_percent_slowdown(planted):
     assert (repo.parent / "summary.md").read_text().strip() == done.stdout.strip()
 
 
+@pytest.mark.extended
 def test_gate_takes_the_noise_from_mains_history(planted, tmp_path):
     # A nightly history where this benchmark swings ~20% night to night: the 30% slowdown is within 3 x that
     # noise, so the gate passes it and says where the noise came from.
@@ -101,6 +105,7 @@ def test_gate_takes_the_noise_from_mains_history(planted, tmp_path):
     assert float(row.split("|")[7].strip().rstrip("%")) > 30  # the smallest change it could detect
 
 
+@pytest.mark.extended
 def test_gate_reports_a_benchmark_error_as_2(planted):
     repo, commits = planted
     done = _gate(repo, commits["slower"], commits["broken"])

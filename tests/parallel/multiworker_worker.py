@@ -44,8 +44,11 @@ def main() -> int:
     cluster = harness.use_cluster(timeout_s=120)  # first: it starts this worker's server; generous on a busy host
     import numpy as np
 
-    if args.keras2:
-        import tf_keras as keras
+    if args.keras2:  # the environment's Keras 2: tf_keras, or TF 2.15's own keras
+        try:
+            import tf_keras as keras
+        except ImportError:
+            import keras
     else:
         import keras
 

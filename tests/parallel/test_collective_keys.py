@@ -10,8 +10,6 @@ harness' models compile a custom loss, so their replicas gather the whole
 batch's predictions through a collective.
 """
 
-import importlib.util
-
 import pytest
 from tf_process import ENV
 
@@ -24,7 +22,9 @@ from harness.parallel import collective
 collective._cross_device_ops = lambda devices: None  # TensorFlow's default: collectives, as on GPUs
 if sys.argv[3] == "stock-keys":  # the bad case: harness' strategies keyed as a stock one is
     collective.HARNESS_KEY_BASE = 0
-k = __import__("tf_keras" if sys.argv[1] == "keras2" else "keras")
+import importlib.util
+# Keras 2: tf_keras, or TF 2.15's own keras
+k = __import__("tf_keras" if sys.argv[1] == "keras2" and importlib.util.find_spec("tf_keras") else "keras")
 x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
 y = x[:, :2] * 2
 stock_strategy = tf.distribute.MirroredStrategy(devices[:2])
@@ -65,11 +65,12 @@ def _run(*args):
                           env=ENV)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("order", ["stock-first", "ours-first"])
 @pytest.mark.parametrize("generation", ["keras3", "keras2"])
-def test_stock_and_harness_strategies_train_in_one_process(generation, order):
-    if generation == "keras2" and importlib.util.find_spec("tf_keras") is None:
-        pytest.skip("no tf_keras here")
+def test_stock_and_harness_strategies_train_in_one_process(generation, order, request):
+    if generation == "keras2":
+        request.getfixturevalue("keras2")  # tf_keras, or TF 2.15's keras; skips, saying so, where there is neither
     done = _run(generation, order, "harness-keys")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "losses" in done.stdout

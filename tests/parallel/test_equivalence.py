@@ -29,7 +29,8 @@ def _momentum_sgd(k):
 
 
 @pytest.mark.parametrize("model", small.EQUIVALENCE_MODELS)
-@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("split", [pytest.param(s, marks=pytest.mark.extended) if s in ("3:2", "1:3") else s
+                                   for s in SPLITS])  # even and 5:3:2 in the quick loop, the two-device splits extended
 @pytest.mark.parametrize("method", METHODS)
 def test_parallel_step_equals_single_device(logical_devices, any_keras, method, split, model):
     # two_input: L2 penalties would count once per device; sample weights over uneven slices.

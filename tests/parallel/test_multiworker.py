@@ -56,7 +56,7 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
         "2w-2+1-tokens-clipnorm", "2w-2+1-keras2-tokens-clipnorm"])
 def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tmp_path, logical_devices, request):
     if "--keras2" in args:
-        pytest.importorskip("tf_keras", reason="no Keras 2 (tf_keras) here")
+        request.getfixturevalue("keras2")  # tf_keras, or TF 2.15's keras; skips, saying so, where there is neither
     elif "gradient_accumulation_steps" in " ".join(args):  # a Keras 3 optimizer option (not in TF 2.15's Keras 2)
         request.getfixturevalue("keras3")
     args = [a.format(tmp=tmp_path) for a in args]

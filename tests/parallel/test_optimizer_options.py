@@ -56,6 +56,7 @@ CASES = [(g, option, m) for g in ("keras3", "keras2") for option, (_, keras3_onl
          if g == "keras3" or not keras3_only for m in METHODS]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(("generation", "option", "method"), CASES, ids=["-".join(case) for case in CASES])
 def test_an_optimizer_option_steps_as_on_one_device(logical_devices, request, generation, option, method):
     k = request.getfixturevalue(generation)

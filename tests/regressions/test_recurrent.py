@@ -28,7 +28,8 @@ def _stack(k, cell):
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
-@pytest.mark.parametrize("cell", ["GRU", "LSTM"], ids=["gru", "lstm"])
+@pytest.mark.parametrize("cell", [pytest.param("GRU", id="gru", marks=pytest.mark.extended),
+                                  pytest.param("LSTM", id="lstm")])
 def test_recurrent_stack_reaches_the_single_device_accuracy(logical_devices, any_keras, method, cell):
     k = any_keras
     x, y = _data()

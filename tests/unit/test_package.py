@@ -46,7 +46,7 @@ def test_unknown_model_is_rejected_by_argparse(capsys):
 
 def test_plugin_markers_are_registered(pytestconfig):
     markers = "\n".join(pytestconfig.getini("markers"))
-    for name in ("gpu", "multi_gpu", "slow", "docker", "zoo", "timing"):
+    for name in ("gpu", "multi_gpu", "slow", "docker", "zoo", "timing", "extended"):
         assert f"{name}:" in markers
     # issue 15: a single GPU is split, so multi_gpu tests skip only without a GPU
     assert "multi_gpu: runs on the gpu_devices fixture's 2+ GPU devices" in markers

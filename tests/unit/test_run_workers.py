@@ -214,6 +214,7 @@ def test_a_cluster_plan_carries_every_option_of_a_run_config():
     assert not missing, f"ClusterPlan lacks RunConfig's {sorted(missing)}"
 
 
+@pytest.mark.extended
 def test_compare_across_workers_puts_the_stock_baseline_beside_harness_splits(tmp_path, keras2):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("HARNESS_RUN_WORKER", None)

@@ -135,6 +135,22 @@ def ci_matrix_problems(text: str) -> list[str]:
     return problems + [f"the {what} entry {name} is not tested" for what, name in wanted.items() if name not in envs]
 
 
+def scheduled_matrix_problems(text: str) -> list[str]:
+    """slow.yml: every docker/matrix.toml entry's tox env, with the extended tests and the skip check; the
+    compatibility table written from their JUnit files."""
+    workflow = _load(text)
+    job = workflow["jobs"].get("matrix", {})
+    envs = job.get("strategy", {}).get("matrix", {}).get("env", [])
+    problems = [f"the matrix entry {e.name} has no scheduled run" for e in load_matrix() if e.name not in envs]
+    runs = " ".join(str(step.get("run", "")) for step in job.get("steps", []))
+    problems += [f"the matrix job's runs lack {flag}" for flag in ("--run-extended", "--skip-report", "check-skips")
+                 if flag not in runs]
+    table = " ".join(str(step.get("run", "")) for step in workflow["jobs"].get("compatibility", {}).get("steps", []))
+    if "harness matrix --from-junit" not in table:
+        problems.append("no compatibility table is written from the matrix job's JUnit files")
+    return problems
+
+
 def gpu_matrix_problems(text: str) -> list[str]:
     """gpu.yml's jobs: one per entry of `python -m harness.ci.matrix json`, on the self-hosted GPU runners."""
     problems = [] if "python -m harness.ci.matrix json" in text else ["the matrix does not come from harness.ci.matrix"]
@@ -186,6 +202,10 @@ def test_ci_tests_the_newest_the_oldest_and_the_legacy_matrix_entries():
     assert ci_matrix_problems(_text("ci.yml")) == []
 
 
+def test_every_matrix_env_runs_weekly_with_the_extended_tests():
+    assert scheduled_matrix_problems(_text("slow.yml")) == []
+
+
 def test_gpu_jobs_come_from_the_matrix_file():
     assert gpu_matrix_problems(_text("gpu.yml")) == []
 
@@ -197,6 +217,11 @@ def test_gpu_jobs_come_from_the_matrix_file():
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf221, tf215]", "legacy entry"),
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf220, legacy, tf215]", "newest entry tf221"),
         (ci_matrix_problems, "ci.yml", "[tf221, legacy, tf215]", "[tf221, legacy, tf216]", "oldest entry tf215"),
+        (scheduled_matrix_problems, "slow.yml", "[tf215, tf216, tf217, tf218, tf219, tf220, tf221, legacy]",
+         "[tf215, tf221, legacy]", "tf218 has no scheduled run"),
+        (scheduled_matrix_problems, "slow.yml", 'tox -e "$TOX_ENV" -- --run-extended', 'tox -e "$TOX_ENV" --',
+         "lack --run-extended"),
+        (scheduled_matrix_problems, "slow.yml", "harness matrix --from-junit", "ls", "no compatibility table"),
         (gpu_matrix_problems, "gpu.yml", "python -m harness.ci.matrix json", "cat entries.json", "not come from"),
         (gpu_matrix_problems, "gpu.yml", "fromJSON(needs.matrix.outputs.entries)", "fromJSON('[]')", "fromJSON"),
         (gpu_matrix_problems, "gpu.yml", "runs-on: [self-hosted, linux, x64, gpu]", "runs-on: ubuntu-latest",

@@ -83,6 +83,7 @@ def test_importing_the_zoo_does_not_import_tensorflow():
     assert out.stdout.split() == ["False", "False"]
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(("name", "generation"), BUILDS, ids=[f"{n}-keras{g}" for n, g in BUILDS])
 def test_entry_builds_and_trains_one_step_on_one_device(logical_devices, name, generation):
     k = _keras(generation)

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from harness.bench import zoo
 from harness.cli import main
 
@@ -61,6 +63,7 @@ def test_unknown_axis_option_is_rejected_by_argparse(capsys):
     assert "invalid choice: 'clip'" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_pin_outcomes_writes_the_pins_and_a_missed_pin_fails(tmp_path, keras3):
     """Issue 31: ``--pin-outcomes`` pins what the cases came out as; a case that then misses its pin exits 1."""
     pins = tmp_path / "pins.json"

@@ -108,6 +108,7 @@ def _axis_rows(generation, model, optimizer, option=None, methods=zoo.METHODS, d
     return rows
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(("generation", "model", "optimizer", "option"), AXIS_FAST,
                          ids=[f"keras{g}-{m}-{o}-{p}" for g, m, o, p in AXIS_FAST])
 def test_optimizer_axis_fast_subset_conforms(logical_devices, generation, model, optimizer, option):
