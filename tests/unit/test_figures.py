@@ -78,3 +78,16 @@ def test_a_figure_runs_and_comes_out_stamped():
     block = done.stdout
     assert block.startswith("<!-- figure calibrate -->\n```text\n$ harness calibrate\n")
     assert "mnist_maxing" in block and figures.STAMP.search(block), block
+
+
+def test_a_block_shows_the_table_without_log_noise_or_local_paths():
+    figures = _figures()
+    output = ("[worker 0] WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+              "I0000 00:00:1795661703.315681    8882 port.cc:153] oneDNN custom operations are on.\n"
+              "[1/2] progress\nrecord: /root/.cache/harness/results/x.json\n"
+              "device  ceiling\n------  -------\nCPU:0      1088\nchart: /root/x.png\n\n")
+    assert figures.shown("tune", output) == "device  ceiling\n------  -------\nCPU:0      1088"
+    table = "model      method\nconv/kernel   (3, 3, 8, 8)   1.2e-06\nloss per epoch: single [1.0]\ndense ok"
+    assert figures.shown("check-stock", table) == "model      method\ndense ok"
+    with pytest.raises(RuntimeError, match="no output line matches"):
+        figures.shown("tune", "Traceback (most recent call last):\n  boom")
