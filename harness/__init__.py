@@ -27,6 +27,7 @@ __all__ = [
     "step_watchdog",
     "use_cluster",
     "BackupAndRestore",
+    "Workload",
     "HarnessError",
     "InvalidValue",
     "InvalidType",
@@ -48,6 +49,7 @@ _LAZY = {
     "step_watchdog": "harness.watchdog",
     "use_cluster": "harness.parallel.multiworker",
     "BackupAndRestore": "harness.parallel.backup",
+    "Workload": "harness.bench.workloads.user",  # a user's model as a workload (docs/user-models.md)
 }
 
 

@@ -40,11 +40,13 @@ def calibrate(
     windows: int = 3,
     seed: int = 0,
     on_event: Callable[[str], None] | None = None,
+    data: str | None = None,
 ) -> dict:
     """Measures the rate this host computes each device's slice at, for each workload.
 
     Args:
-        models: workload names (default: every workload).
+        models: workload names (default: every workload), or references to models of your own
+            (``MODULE:ATTR``, ``path/to/file.py:ATTR``: docs/user-models.md).
         devices: logical CPU devices, already set up (``use_logical_devices``
             with an inter-op thread per device and two more, as emulation needs).
         size: ``"tiny"`` or ``"full"``.
@@ -52,6 +54,7 @@ def calibrate(
         seconds, windows: timing of each workload's run.
         seed: weights and data seed.
         on_event: called with a line of progress text.
+        data: a reference to the data function of your own model (``--data``), for every model given.
 
     Returns:
         ``{"config", "workloads": [{"model", "batch_per_device", "devices":
@@ -74,21 +77,21 @@ def calibrate(
     say = on_event or (lambda text: None)
     names = list(models) if models else workloads.names()
     for name in names:
-        workloads.get(name)
+        workloads.get(name, data)
     if not devices:
         raise InvalidValue("calibrate needs at least one device; got none")
     if isinstance(batch_per_device, bool) or not isinstance(batch_per_device, int) or batch_per_device < 1:
         raise InvalidValue(f"batch per device must be an int >= 1; got {batch_per_device!r}")
     record: dict = {"config": {"models": names, "size": size, "devices": list(devices),
                                "batch_per_device": batch_per_device, "seconds": seconds, "windows": windows,
-                               "seed": seed},
+                               "seed": seed, "data": data},
                     "workloads": []}
     for i, name in enumerate(names):
         say(f"[{i + 1}/{len(names)}] {name} ({size}): {len(devices)} device(s) at once, "
             f"{batch_per_device} samples each")
         config = RunConfig(name, size, "towers" if len(devices) > 1 else "single", tuple(devices),
                            (batch_per_device,) * len(devices), seconds=seconds, windows=windows, seed=seed,
-                           emulate=(EmulatedDevice(UNBOUNDED_RATE),) * len(devices))
+                           emulate=(EmulatedDevice(UNBOUNDED_RATE),) * len(devices), data=data)
         result = run_one(config)
         if result["status"] != "complete":
             raise Failed(f"calibrating {name}: {result['status']}: {result['error']}")

@@ -91,6 +91,7 @@ class ClusterPlan:
     probe_steps: int = 3
     notes: tuple[str, ...] = field(default=())
     rebalance_every: int | None = None  # harness.Rebalance(every=...): every worker re-splits alike
+    data: str | None = None  # --data: the user's data function (a model of the user's, docs/user-models.md)
 
     def __post_init__(self):
         for name in ("counts", "batches", "notes"):
@@ -303,12 +304,12 @@ def run_worker(plan: ClusterPlan) -> int:
         config = RunConfig(plan.model, plan.size, plan.method, devices, plan.batches, seconds=plan.seconds,
                            windows=plan.windows, warmup_steps=plan.warmup_steps, emulate=plan.emulate,
                            input_delay_ms=plan.input_delay_ms, seed=plan.seed, throttle=plan.throttle,
-                           notes=plan.notes, rebalance_every=plan.rebalance_every)
+                           notes=plan.notes, rebalance_every=plan.rebalance_every, data=plan.data)
         start: dict[str, Any] = {"worker": index, "devices": list(local)}
         if index == 0:
             start.update(config=config.to_json(), environment=fingerprint(import_tf=True))
         _emit("start", **start)
-        workload = workloads.get(plan.model)
+        workload = workloads.get(plan.model, plan.data)
         if cluster is None:  # the stock baseline: Keras 2's model, fit and input handling
             model = build_model(config, workload, strategy=strategy, keras_module=stock_keras())
             input_options = _data_sharding()

@@ -25,6 +25,11 @@ held-out accuracy every ``Goal.every`` steps:
 - **final accuracy**: the held-out accuracy where the run stopped: the first
   evaluation at or above the target, or the last one of the budget.
 
+A user's workload (``RunConfig(model="file.py:workload")``, docs/user-models.md) trains on its own
+data instead: the batches of ``harness.Workload(data=...)`` in order, the held-out set its
+``validation_data``, the accuracy its ``accuracy`` metric (or the one that fits its loss), and
+``goal=None`` trains for its ``goal``.
+
 A run that never reaches the target has finite figures that are clearly worse, never
 NaN (asv records NaN as skipped, which would hide the regression):
 ``steps_figure = UNREACHED_FACTOR x budget`` and ``seconds_figure = UNREACHED_FACTOR x``
@@ -55,12 +60,14 @@ from typing import Any
 from harness.bench.runner import RunConfig, RunMethod
 from harness.errors import InvalidValue
 
-__all__ = ["Goal", "ConvergenceResult", "train_to_accuracy", "HELD_OUT_SEED", "UNREACHED_FACTOR", "CONVERGENCE_METHODS"]
+__all__ = ["Goal", "ConvergenceResult", "train_to_accuracy", "HELD_OUT_SEED", "UNREACHED_FACTOR", "CONVERGENCE_METHODS",
+           "USER_BUDGET", "USER_EVERY"]
 
 HELD_OUT_SEED = 2**31 - 1  # the held-out set's sample seed: no training step (seeds 0 .. budget - 1) draws it
 EVAL_BATCH = 512  # held-out samples per forward pass of the evaluation
 UNREACHED_FACTOR = 2.0  # a run that misses the target: its figures are this times the whole budget's
 CONVERGENCE_METHODS = (RunMethod.SINGLE.value, RunMethod.TOWERS.value, RunMethod.MIRRORED.value)
+USER_BUDGET, USER_EVERY = 1000, 10  # a user workload's goal without a Goal: at most this many steps, evaluated every
 
 
 @dataclass(frozen=True)
@@ -143,21 +150,23 @@ class ConvergenceResult:
                 "seconds_figure": self.seconds_figure}
 
 
-def train_to_accuracy(config: RunConfig, goal: Goal,
+def train_to_accuracy(config: RunConfig, goal: Goal | None = None,
                       on_evaluation: Callable[[int, float, float], None] | None = None) -> ConvergenceResult:
     """Trains ``config``'s workload from its initial weights until the held-out accuracy reaches ``goal.target``.
 
     Args:
         config: the model, size, method (``single``, ``towers``, ``mirrored``), devices, per-device batches,
             emulated devices and weight seed, as ``harness run`` takes them; its timing fields are not used.
-        goal: target accuracy, step budget, evaluation interval, held-out size.
+        goal: target accuracy, step budget, evaluation interval, held-out size; None: a user workload's own
+            ``goal`` (``harness.Workload(goal=...)``) within ``USER_BUDGET`` steps, evaluated every ``USER_EVERY``.
         on_evaluation: called with ``(step, seconds, accuracy)`` after each evaluation (progress).
 
     Returns:
         The ``ConvergenceResult``: steps, seconds and final accuracy, the curve.
 
     Raises:
-        ValueError: ``config.method`` is the stock baseline ``keras``, which is not measured here.
+        ValueError: ``config.method`` is the stock baseline ``keras``, which is not measured here; no ``goal``
+            and a workload without one.
     """
     import tensorflow as tf
 
@@ -167,16 +176,21 @@ def train_to_accuracy(config: RunConfig, goal: Goal,
     if config.method not in CONVERGENCE_METHODS:
         raise InvalidValue(f"time to accuracy trains harness' methods {', '.join(CONVERGENCE_METHODS)}; got method="
                            f"{config.method!r}")
-    workload = workloads.get(config.model)
+    workload = workloads.get(config.model, config.data)
+    if goal is None:
+        if workload.goal is None:
+            raise InvalidValue(f"time to accuracy of {config.model!r} needs a goal: pass Goal(target=...), or give "
+                               "harness.Workload(goal=..., validation_data=...)")
+        goal = Goal(target=workload.goal, budget=USER_BUDGET, every=USER_EVERY)
     model = build_model(config, workload)
-    held_out = workload.make_data(config.size, goal.held_out, seed=HELD_OUT_SEED)
+    held_out = workload.held_out_data(config.size, goal.held_out, seed=HELD_OUT_SEED)
     evaluate = _evaluator(model, workload, held_out)
     times: list[float] = []
     curve: list[tuple[int, float, float]] = []
+    batches = workload.train_batches(config.size, config.batch)
     began = time.perf_counter()
     for step in range(goal.budget):
-        x, y = workload.make_data(config.size, config.batch, seed=step)
-        x, y = tf.nest.map_structure(tf.constant, x), tf.constant(y)
+        x, y = (tf.nest.map_structure(tf.constant, part) for part in next(batches))
         start = time.perf_counter()
         model.train_on_batch(x, y)  # returns NumPy: the host has waited for the step
         times.append(time.perf_counter() - start)
@@ -208,16 +222,22 @@ def _clock(times: list[float]) -> float:
 
 def _evaluator(model, workload, held_out) -> Callable[[], float]:
     """A function returning the held-out accuracy of ``model``'s current weights, computed on its template."""
+    import tensorflow as tf
+
+    from harness.compat import keras_module_of
+
     x, y = held_out
-    metric = workload.accuracy()
     template: Any = model.template
+    metric = workload.accuracy(keras_module_of(template))
+    rows = len(tf.nest.flatten(y)[0])
 
     def evaluate() -> float:
         model.sync_to_template()  # mirrored trains a clone; towers' template holds the trained weights already
         metric.reset_state()
-        for start in range(0, len(y), EVAL_BATCH):
+        for start in range(0, rows, EVAL_BATCH):
             part = slice(start, start + EVAL_BATCH)
-            metric.update_state(y[part], template(x[part], training=False))
+            xs, ys = (tf.nest.map_structure(lambda a, part=part: a[part], d) for d in (x, y))
+            metric.update_state(ys, template(xs, training=False))
         return float(metric.result())
 
     return evaluate

@@ -42,21 +42,24 @@ def time_train_steps(model, x, y, *, batch_size: int, steps: int, warmup: int = 
     Each step's end is stamped by a callback; Keras syncs each step's logs to
     the host, so the stamps include the device work.
     """
-    import keras
     import numpy as np
+    import tensorflow as tf
+
+    from harness.compat import keras_module_of
 
     if steps < 1 or warmup < 1:
         raise InvalidValue(f"steps and warmup must be >= 1; got steps={steps}, warmup={warmup}")
     stamps: list[float] = []
 
-    class _Stamp(keras.callbacks.Callback):
+    callback: Any = keras_module_of(model).callbacks.Callback  # a tf_keras model's fit takes its own only
+
+    class _Stamp(callback):
         def on_train_batch_end(self, batch, logs=None):
             stamps.append(time.perf_counter())
 
     total = steps + warmup
-    reps = -(-total * batch_size // len(y))
-    xs = keras.tree.map_structure(lambda a: np.concatenate([a] * reps)[: total * batch_size], x)
-    ys = np.concatenate([y] * reps)[: total * batch_size]
+    reps = -(-total * batch_size // len(tf.nest.flatten(y)[0]))
+    xs, ys = (tf.nest.map_structure(lambda a: np.concatenate([a] * reps)[: total * batch_size], d) for d in (x, y))
     model.fit(xs, ys, batch_size=batch_size, epochs=1, shuffle=False, verbose=0, callbacks=[_Stamp()])
     deltas = [b - a for a, b in zip(stamps[warmup - 1 :], stamps[warmup:])]
     return StepTimes(tuple(deltas), batch_size)

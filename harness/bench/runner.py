@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 from harness.emulate import EmulatedDevice
-from harness.errors import InvalidValue
+from harness.errors import InvalidValue, Refused
 from harness.parallel import METHODS as METHODS_OF_PARALLEL
 from harness.parallel import Method
 
@@ -63,6 +63,10 @@ class RunConfig:
     ``batches`` are per-device batch sizes, as seed 000's (docs/background.md) ``--batches 820 568``;
     the global batch is their sum and the split ratios are the batches themselves.
 
+    ``model`` is a built-in workload's name or a reference to the user's model (``MODULE:ATTR``,
+    ``path/to/file.py:ATTR``; docs/user-models.md); ``data`` is ``--data``, a reference to the user's
+    data function (None: the workload's own or inferred batches).
+
     ``rebalance_every`` trains with ``harness.Rebalance(every=...)``: the batches
     are then the starting split, and each window records the devices' batches
     at its end. ``throttle`` entries ``(device_index, rate, at_step)`` change an
@@ -85,6 +89,7 @@ class RunConfig:
     notes: tuple[str, ...] = field(default=())
     rebalance_every: int | None = None
     throttle: tuple[tuple[int, float, int], ...] = ()
+    data: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -103,7 +108,7 @@ class RunConfig:
         """Raises ``ValueError`` naming the first bad field."""
         from harness.bench import workloads
 
-        workloads.get(self.model)
+        workloads.get(self.model, self.data)
         workloads.check_size(self.size)
         if self.method not in METHODS:
             raise InvalidValue(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
@@ -199,18 +204,25 @@ def run_one(
         on_step: passed to ``harness.bench.measure.window_callback`` (live progress).
 
     Returns:
-        ``{"config", "status" ("complete" | "oom"), "windows", "summary", "input", "error"}``,
+        ``{"config", "status" ("complete" | "oom" | "refused"), "windows", "summary", "input", "error"}``,
         plus ``"rebalance"`` (``Rebalance.history``) when rebalancing.
-        Out-of-memory (real or emulated) is a result, not an exception.
+        Out-of-memory (real or emulated) is a result, not an exception; so is a refusal of the stock
+        baseline (method ``keras``: ``harness.bench.stock``, a model it cannot emulate).
         ``summary["host_bound"]`` lists the emulated devices this host could
         not slow down to their rates (``host_bound(result)``): their figures
         are the host's speed, not the emulation's.
     """
     from harness.bench import workloads
 
-    workload = workloads.get(config.model)
-    return train_windows(config, build_model(config, workload), workload, telemetry=telemetry, on_window=on_window,
-                         on_step=on_step)
+    workload = workloads.get(config.model, config.data)
+    try:
+        model = build_model(config, workload)
+    except Refused as err:  # the stock baseline's refusal is its row's result (harness' own raise)
+        if config.method != RunMethod.KERAS:
+            raise
+        return {"config": config.to_json(), "status": "refused", "windows": [], "summary": None, "input": None,
+                "error": str(err)}
+    return train_windows(config, model, workload, telemetry=telemetry, on_window=on_window, on_step=on_step)
 
 
 def train_windows(
@@ -246,7 +258,7 @@ def train_windows(
     from harness.bench.workloads import pipeline
     from harness.compat import keras_module_of
 
-    workload = workloads.get(config.model) if workload is None else workload
+    workload = workloads.get(config.model, config.data) if workload is None else workload
     emulator = getattr(model, "emulator", None)  # a stock Keras model (method 'keras') has none
     k = keras_module_of(model)
     dataset = pipeline.make_dataset(workload, config.size, config.batch, seed=config.seed,
@@ -293,7 +305,7 @@ def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None
 
     Args:
         config: what to build: model, size, method, devices, batches (the split ratios), emulated devices.
-        workload: ``harness.bench.workloads.get(config.model)``, if already looked up.
+        workload: ``harness.bench.workloads.get(config.model, config.data)``, if already looked up.
         cluster: across workers, the ``harness.use_cluster()`` cluster (``config.devices`` are its devices).
         strategy: the stock baseline's strategy (method 'keras'), e.g. a stock ``MultiWorkerMirroredStrategy``
             across workers; default: a stock MirroredStrategy over ``config.devices`` (or none on one).
@@ -306,17 +318,18 @@ def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None
     from harness.bench import workloads
     from harness.parallel import parallelize
 
-    workload = workloads.get(config.model) if workload is None else workload
+    workload = workloads.get(config.model, config.data) if workload is None else workload
     if config.method == RunMethod.KERAS:
         return _stock_model(config, workload, strategy, keras_module)
     if keras_module is not None:
         raise InvalidValue(f"keras_module is the stock baseline's (method 'keras'); method {config.method!r} builds "
                            "with keras")
     template = workload.build(config.size, seed=config.seed)
+    compile_args = workload.compile_args(template)  # a user's model: its own compiled loss, optimizer, metrics
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices) if cluster is None else cluster, ratios=list(config.batches),
                         method=method, emulate=config.emulate)
-    model.compile(optimizer=workload.optimizer(), loss=workload.loss())
+    model.compile(**compile_args)
     return model
 
 
@@ -337,9 +350,17 @@ def _stock_model(config: RunConfig, workload, strategy=None, keras_module=None):
     from harness.emulate import emulator_for
 
     k = keras_module
-    return stock_model(lambda: workload.build(config.size, seed=config.seed, keras_module=k),
-                       lambda model: model.compile(optimizer=workload.optimizer(k), loss=workload.loss(k)),
-                       config.devices, emulator_for(config.emulate, config.devices), strategy=strategy)
+    built: dict = {}
+
+    def build():  # in the strategy's scope: the workload's optimizer is made there
+        model = built["model"] = workload.build(config.size, seed=config.seed, keras_module=k)
+        return model
+
+    def compile_model(model):  # the model itself, or its emulated wrapper
+        model.compile(**workload.compile_args(built["model"], k))
+
+    return stock_model(build, compile_model, config.devices, emulator_for(config.emulate, config.devices),
+                       strategy=strategy)
 
 
 def _extra_callbacks(config: RunConfig, model, keras_module) -> list:

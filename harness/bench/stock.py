@@ -9,8 +9,11 @@ batches only).
 On emulated devices the model is wrapped once (``Emulated``): each replica's
 input slice passes the device's begin op, and a zero-valued trainable scalar
 carries the device's finish: its gradient is the emulator's exact zero, computed
-once the backward pass reaches the input, so the step waits for the emulated
-device as harness' own steps do (``harness.emulate``). Keras' optimizer
+once the backward pass reaches the input (its first floating-point input), so the
+step waits for the emulated device as harness' own steps do (``harness.emulate``).
+No gradient reaches an integer input (token ids): a model whose inputs are all
+integers cannot be emulated so (before issue 32 it ran at the host's speed, its
+devices 0% busy), and ``stock_model`` refuses it (``STOCK_INTEGER_INPUTS``). Keras' optimizer
 all-reduces that zero with the other gradients; the scalar stays 0. Nothing else
 of Keras' step changes. The wrapper is of the model's own Keras (``emulated_class(k)``):
 a Keras 3 model, or a tf_keras one, as the stock baseline across workers trains
@@ -24,9 +27,19 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.errors import InvalidValue
+from harness.errors import InvalidValue, Refused
 
-__all__ = ["stock_model", "emulated_class", "keras"]
+__all__ = ["stock_model", "emulated_class", "keras", "STOCK_INTEGER_INPUTS", "has_float_input"]
+
+STOCK_INTEGER_INPUTS = "stock-emulation-integer-inputs"  # the reason of that refusal
+
+
+def has_float_input(model) -> bool:
+    """Whether ``model`` has a floating-point input (True where its inputs are unknown: a subclassed model)."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return True
+    return any(str(getattr(t.dtype, "name", t.dtype)).startswith(("float", "bfloat", "half")) for t in inputs)
 
 
 def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], devices: Sequence[str],
@@ -54,6 +67,11 @@ def stock_model(build: Callable[[], Any], compile_model: Callable[[Any], None], 
         scope = tf.device(devices[0]) if len(devices) == 1 else stock_strategy_for(devices).scope()
     with scope:
         model = build()
+        if emulator is not None and not has_float_input(model):
+            raise Refused(STOCK_INTEGER_INPUTS, f"the stock baseline on emulated devices waits for each replica's "
+                          f"backward pass at its input, and model {model.name!r} has integer inputs only (no "
+                          "gradient reaches them): its figures would be this host's, not the emulated devices' "
+                          "(leave the stock rows out: --no-stock; or run on logical CPUs or GPUs without --emulate)")
         if emulator is not None:
             model = emulated_class(keras_module_of(model))(model, emulator, devices)
         compile_model(model)
@@ -89,6 +107,7 @@ def emulated_class(k):
 
     def _gated(x, gate, finish):
         leaves = tf.nest.flatten(x)
+        first = next((i for i, leaf in enumerate(leaves) if leaf.dtype.is_floating), 0)  # a gradient reaches it
 
         @tf.custom_gradient
         def gate_op(first, value):
@@ -96,7 +115,7 @@ def emulated_class(k):
                 return dy, tf.cast(finish(dy), value.dtype)  # after the backward pass reached the input
             return tf.identity(first), grad
 
-        leaves[0] = gate_op(leaves[0], tf.convert_to_tensor(gate))
+        leaves[first] = gate_op(leaves[first], tf.convert_to_tensor(gate))
         return tf.nest.pack_sequence_as(x, leaves)
 
     return Emulated

@@ -12,6 +12,7 @@ Examples:
     harness calibrate                                  # every workload, 2 devices, 128 samples each
     harness calibrate --model mnist_maxing --batch 300
     harness calibrate --devices 3 --json
+    harness calibrate --model models/text.py:build    # your own model (docs/user-models.md)
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="the highest emulated rate this host sustains, per workload",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", nargs="+", metavar="NAME", dest="models",
-                   help=f"workloads to calibrate: {', '.join(workloads.names())} (default all)")
+                   help=f"workloads to calibrate: {', '.join(workloads.names())} (default all), or your own models: "
+                        f"{workloads.FORMS} (docs/user-models.md)")
+    p.add_argument("--data", metavar="MODULE:ATTR",
+                   help="your models' data (with --model MODULE:ATTR): a function (batch_size) -> tf.data.Dataset of "
+                        "(x, y) batches, or -> arrays (x, y); default: batches made up from their inputs and loss")
     p.add_argument("--size", default="tiny", metavar="SIZE", help="full or tiny (default tiny)")
     p.add_argument("--devices", type=int, default=2, metavar="N",
                    help="logical devices busy at once, as in an emulated run (default 2)")
@@ -47,8 +52,10 @@ def add_parser(subparsers) -> None:
 
 
 def _precheck(args) -> None:
+    if args.data is not None and not args.models:
+        raise InvalidValue(f"--data {args.data!r} is data for a model of your own: give --model {workloads.FORMS}")
     for name in args.models or ():
-        workloads.get(name)
+        workloads.get(name, args.data)
     workloads.check_size(args.size)
     if args.devices < 1:
         raise InvalidValue(f"--devices must be >= 1; got {args.devices}")
@@ -75,7 +82,8 @@ def run(args) -> int:
 
     def work():
         return calibrate(args.models, devices=devices, size=args.size, batch_per_device=args.batch,
-                         seconds=args.seconds, windows=args.windows, seed=args.seed, on_event=out.say)
+                         seconds=args.seconds, windows=args.windows, seed=args.seed, on_event=out.say,
+                         data=args.data)
 
     result = out.guard(work)
     out.record["result"] = result

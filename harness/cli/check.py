@@ -31,21 +31,24 @@ Examples:
     harness check                                   # 3 logical CPUs, ratios 5 3 2
     harness check --workers 2 --devices-per-worker 1 2 --ratios 3 2 1
     harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1   # the same
+    harness check --model models/text.py:build --logical-cpus 2 --ratios 3 2   # your own model
 """
 
 from __future__ import annotations
 
-import functools
+import argparse
 import json
 import os
 import sys
 
+from harness.bench.workloads import FORMS
 from harness.bench.workloads.small import EQUIVALENCE_MODELS
 from harness.bench.zoo import NAMES as ZOO_MODELS
 from harness.bench.zoo import SPLITS as ZOO_SPLITS
 from harness.bench.zoo.optimizers import MODELS as AXIS_MODELS
 from harness.bench.zoo.optimizers import OPTIMIZERS as AXIS_OPTIMIZERS
 from harness.bench.zoo.optimizers import OPTIONS as AXIS_OPTIONS
+from harness.cli.check_models import model_choice, precheck, subject_of
 from harness.errors import InvalidValue, Unavailable
 from harness.parallel import METHODS as PARALLEL_METHODS
 from harness.split import split_batch, validate_ratios
@@ -58,7 +61,7 @@ def add_parser(subparsers) -> None:
         "check",
         help="equivalence and step time of towers/mirrored vs one device",
         description=__doc__,
-        formatter_class=lambda prog: __import__("argparse").RawDescriptionHelpFormatter(prog),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--devices", nargs="+", metavar="DEV",
                    help="device names (e.g. /gpu:0 /gpu:1); default: --logical-cpus logical CPUs")
@@ -66,7 +69,14 @@ def add_parser(subparsers) -> None:
                    help="split the CPU into N logical devices when --devices is not given (default 3)")
     p.add_argument("--ratios", nargs="+", type=float, default=None, metavar="R",
                    help="per-device shares of each batch (default 5 3 2; across workers n ... 2 1, one per device)")
-    p.add_argument("--models", nargs="+", choices=EQUIVALENCE_MODELS, default=list(EQUIVALENCE_MODELS))
+    p.add_argument("--models", "--model", nargs="+", type=model_choice, default=list(EQUIVALENCE_MODELS),
+                   metavar="NAME",
+                   help=f"models to check: {', '.join(EQUIVALENCE_MODELS)} (default all), or your own: "
+                        f"{FORMS}, a function returning a compiled keras.Model or a harness.Workload, trained with "
+                        "its compiled loss, optimizer and metrics (docs/user-models.md)")
+    p.add_argument("--data", metavar="MODULE:ATTR",
+                   help="your models' data (with --models MODULE:ATTR): a function (batch_size) -> tf.data.Dataset of "
+                        "(x, y) batches, or -> arrays (x, y); default: batches made up from their inputs and loss")
     p.add_argument("--methods", nargs="+", choices=[*PARALLEL_METHODS, "keras"], default=None,
                    help="towers, mirrored (default both; across workers mirrored only) and keras: the stock "
                         "baseline, Keras fit under a stock "
@@ -74,9 +84,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=20, help="global batch size (default 20)")
     p.add_argument("--samples", type=int, default=62,
                    help="training samples; 62 at batch 20 ends on a partial batch of 2 (default 62)")
-    p.add_argument("--optimizer", default="sgd", metavar="NAME[:KEY=VALUE,...]",
+    p.add_argument("--optimizer", default=None, metavar="NAME[:KEY=VALUE,...]",
                    help="Keras optimizer name and settings, e.g. adam:global_clipnorm=0.05,learning_rate=0.01 "
-                        "(default sgd)")
+                        "(default sgd; a model of your own: its compiled optimizer)")
     p.add_argument("--tol", type=float, default=1e-6, help="largest accepted deviation (default 1e-6)")
     p.add_argument("--time-steps", type=int, default=20, metavar="N",
                    help="timed training steps per method, 0 to skip timing (default 20)")
@@ -138,6 +148,7 @@ def run(args) -> int:
         return _zoo(args)
     if args.batch_size <= 0 or args.samples <= 0:
         raise InvalidValue(f"--batch-size and --samples must be positive; got {args.batch_size}, {args.samples}")
+    precheck(args)
     devices = _devices(args)
     ratios = validate_ratios(args.ratios or [5, 3, 2], len(devices))
     _say(args, f"devices {devices}, ratios {list(ratios)}: batch {args.batch_size} -> "
@@ -163,9 +174,10 @@ def _launch_workers(args) -> int:
     if os.environ.get("TF_CONFIG"):
         raise InvalidValue("--workers starts its own workers; this process already is one (TF_CONFIG is set)")
     command = [sys.executable, "-m", "harness", "check", "--models", *args.models, "--batch-size",
-               str(args.batch_size), "--samples", str(args.samples), "--optimizer", args.optimizer, "--tol",
-               str(args.tol)]
-    for flag, values in (("--ratios", args.ratios), ("--methods", args.methods), ("--devices", args.devices)):
+               str(args.batch_size), "--samples", str(args.samples), "--tol", str(args.tol)]
+    for flag, values in (("--ratios", args.ratios), ("--methods", args.methods), ("--devices", args.devices),
+                         ("--optimizer", [args.optimizer] if args.optimizer else None),
+                         ("--data", [args.data] if args.data else None)):
         if values:
             command += [flag, *map(str, values)]
     command += ["--zoo"] if args.zoo else []
@@ -207,61 +219,31 @@ def _across_workers(args) -> int:
     return 1 if failed else 0
 
 
-def optimizer_factory(spec: str):
-    """A factory of new Keras 3 optimizers from ``NAME`` or ``NAME:key=value,...`` (``adam:global_clipnorm=0.05``).
-
-    Raises:
-        ValueError: a value that is not a Python literal, or a setting without ``=``.
-    """
-    import ast
-
-    name, _, settings = spec.partition(":")
-    config = {}
-    for item in filter(None, (part.strip() for part in settings.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InvalidValue(f"--optimizer settings are key=value pairs; got {item!r} in --optimizer {spec!r}")
-        try:
-            config[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError) as err:
-            raise InvalidValue(f"--optimizer setting {key.strip()}={value.strip()!r} is not a number, True/False or "
-                               f"None (in --optimizer {spec!r})") from err
-
-    def make():
-        import keras
-
-        # The name's optimizer, then its config with the settings: Keras 2.15's get() of a config dict makes a
-        # legacy optimizer (its `variables` a method), where get() of the name makes the current one.
-        optimizer = keras.optimizers.get(name.strip())
-        return type(optimizer).from_config({**optimizer.get_config(), **config}) if config else optimizer
-
-    make.__name__ = spec
-    return make
-
-
 def _equivalence(args, devices, ratios) -> list[dict]:
     import keras
 
     from harness.bench import stock, stock_drift
-    from harness.bench.workloads import small
+    from harness.bench.workloads.userdata import head
     from harness.equivalence import compare_training
 
-    optimizer = optimizer_factory(args.optimizer)
-    optimizer()  # a bad name or setting fails here, before any training
-    _say(args, f"\n{'model':<10} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
+    w = max(10, *map(len, args.models))  # a model of the user's is named by its reference
+    _say(args, f"\n{'model':<{w}} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
     rows = []
     for name in args.models:
-        data = small.make_data(name, args.samples)
-        build = functools.partial(small.build, name)
+        subject = subject_of(args, name)
+        optimizer = subject.optimizer
+        optimizer()  # a bad name or setting fails here, before any training
+        data = subject.data(args.samples)
+        build = subject.build
 
         def compare(method, optimizer=optimizer, samples=args.samples, batch_size=args.batch_size, data=data,
-                    build=build):
-            x, y, sw = (None if d is None else d[:samples] for d in data)
+                    build=build, subject=subject):
+            x, y, sw = (None if d is None else head(d, samples) for d in data)
             baseline = method == "keras"  # even split, stock loss scaling: measured, not judged
             return compare_training(
                 build, x, y, devices=devices, ratios=None if baseline else ratios,
                 method=stock.keras if baseline else method, batch_size=batch_size, optimizer=optimizer,
-                loss=small.loss(), metrics=["accuracy"], sample_weight=sw)
+                loss=subject.loss, metrics=subject.metrics(), loss_weights=subject.loss_weights, sample_weight=sw)
 
         for method in args.methods:
             baseline = method == "keras"
@@ -275,7 +257,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                                                 batch_size=args.batch_size, replicas=len(devices))
                 rows.append({"model": name, "method": method, "passed": True, "baseline": True, "exact": False,
                              "error": line, "cause": cause})
-                _say(args, f"{name:<10} {method:<9} {'-':>10} {'-':>10}  stock fit fails: "
+                _say(args, f"{name:<{w}} {method:<9} {'-':>10} {'-':>10}  stock fit fails: "
                            f"{cause + ': ' if cause else ''}{line}")
                 continue
             ok = report.is_equivalent(args.tol)
@@ -291,7 +273,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                 row["drift"] = drift.to_json()
                 verdict = f"stock baseline, even split: {drift.text()}"
             rows.append(row)
-            _say(args, f"{name:<10} {method:<9} {report.max_deviation:>10.2e} {report.max_loss_deviation:>10.2e}  "
+            _say(args, f"{name:<{w}} {method:<9} {report.max_deviation:>10.2e} {report.max_loss_deviation:>10.2e}  "
                        f"{verdict}")
             if not ok:
                 _say(args, report.table(5))
@@ -300,27 +282,28 @@ def _equivalence(args, devices, ratios) -> list[dict]:
 
 def _timings(args, devices, ratios) -> list[dict]:
     from harness.bench.measure import time_train_steps
-    from harness.bench.workloads import small
     from harness.parallel import parallelize
 
     _say(args, f"\nstep time, batch {args.time_batch}, median of {args.time_steps} steps (logical devices share "
                f"the same cores: this measures overhead, not speed-up)")
-    _say(args, f"{'model':<10} {'single ms':>10} {'towers ms':>10} {'mirrored ms':>12} {'towers/1':>9} {'mirr/1':>7}")
+    w = max(10, *map(len, args.models))
+    _say(args, f"{'model':<{w}} {'single ms':>10} {'towers ms':>10} {'mirrored ms':>12} {'towers/1':>9} {'mirr/1':>7}")
     rows = []
     for name in args.models:
-        x, y, _ = small.make_data(name, args.time_batch)
+        subject = subject_of(args, name)
+        x, y, _ = subject.data(args.time_batch)
         times = {}
         for method in ("single", *PARALLEL_METHODS):
-            model = small.build(name)
+            model = subject.build()
             if method != "single":
                 model = parallelize(model, devices, ratios=ratios, method=method)
-            model.compile(optimizer=optimizer_factory(args.optimizer)(), loss=small.loss())
+            model.compile(**subject.compile_args(model))
             times[method] = time_train_steps(model, x, y, batch_size=args.time_batch, steps=args.time_steps)
         row = {"model": name, **{f"{m}_ms": t.median * 1e3 for m, t in times.items()},
                **{f"{m}_spread": t.spread for m, t in times.items()}}
         rows.append(row)
         single = times["single"].median
-        _say(args, f"{name:<10} {single * 1e3:>10.2f} {times['towers'].median * 1e3:>10.2f} "
+        _say(args, f"{name:<{w}} {single * 1e3:>10.2f} {times['towers'].median * 1e3:>10.2f} "
                    f"{times['mirrored'].median * 1e3:>12.2f} {times['towers'].median / single:>9.2f} "
                    f"{times['mirrored'].median / single:>7.2f}")
     return rows

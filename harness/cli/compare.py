@@ -72,7 +72,7 @@ def _rows(args, setup, size: str, batch: int):
     from harness.bench.runner import RunConfig
 
     common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
-                  input_delay_ms=args.input_delay_ms, seed=args.seed)
+                  input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data)
     share = max(1, batch // len(setup.devices))
     singles = []
     for i, device in enumerate(setup.devices):
@@ -147,7 +147,7 @@ def run(args) -> int:
                 done = measure("even keras", RunConfig(args.model, size, "keras", setup.devices, tuple(split),
                                                        emulate=setup.emulate, **common), total)
                 if done["status"] == "complete":  # how far stock training lands from one device, and why
-                    rows[-1]["fidelity"] = stock_fidelity(args.model, size, batch, setup.devices)
+                    rows[-1]["fidelity"] = stock_fidelity(args.model, size, batch, setup.devices, args.data)
                     out.say(f"  stock Keras vs one device: {fidelity_text(rows[-1]['fidelity'])}")
                     out.save()
             for method in args.methods:
@@ -207,7 +207,7 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
     specs = setup.emulate or [None] * len(setup.devices)
     quiet = lambda text: None if text.startswith("    batch") else out.say(text)  # noqa: E731
-    probes, records = profile_devices(workloads.get(args.model), size, setup.devices, specs, limit=batch,
+    probes, records = profile_devices(workloads.get(args.model, args.data), size, setup.devices, specs, limit=batch,
                                       seed=args.seed, on_event=quiet)
     for probe, _ in probes:
         probe.release()
@@ -337,21 +337,22 @@ def versus_stock(rows: list[dict]) -> list[dict]:
             for row, base in pairs if base is not None and by_label.get(row) and by_label.get(base)]
 
 
-def stock_fidelity(model: str, size: str, batch: int, devices) -> dict:
+def stock_fidelity(model: str, size: str, batch: int, devices, data: str | None = None) -> dict:
     """How far the stock baseline's training lands from one device on this workload: two whole batches of its
     data, its optimizer and loss, the stock MirroredStrategy's even split over ``devices`` (their emulated speed
     does not matter here); where it drifts, the causes, each measured (``harness.bench.stock_drift``)."""
     from harness.bench import stock, stock_drift, workloads
+    from harness.bench.workloads.userdata import head  # a user's model may take several inputs
     from harness.equivalence import compare_training
 
-    workload, samples, tol = workloads.get(model), 2 * batch, 1e-6
+    workload, samples, tol = workloads.get(model, data), 2 * batch, 1e-6
     x, y = workload.make_data(size, samples)
 
     def build():
         return workload.build(size)
 
     def measure(optimizer=workload.optimizer, samples=samples, batch_size=batch):
-        return compare_training(build, x[:samples], y[:samples], devices=list(devices), method=stock.keras,
+        return compare_training(build, head(x, samples), head(y, samples), devices=list(devices), method=stock.keras,
                                 batch_size=batch_size, optimizer=optimizer, loss=workload.loss()).max_deviation
 
     deviation = measure()

@@ -36,7 +36,12 @@ class DeviceSetup:
 def add_common(p, *, seconds: float, windows: int) -> None:
     """Adds the model, device, timing and output options to a subcommand parser."""
     p.add_argument("--model", default="mnist_maxing", metavar="NAME",
-                   help=f"workload: {', '.join(workloads.names())} (default mnist_maxing)")
+                   help=f"workload: {', '.join(workloads.names())} (default mnist_maxing), or your own model: "
+                        f"{workloads.FORMS}, a function returning a compiled keras.Model or a harness.Workload "
+                        "(docs/user-models.md)")
+    p.add_argument("--data", metavar="MODULE:ATTR",
+                   help="your model's data (with --model MODULE:ATTR): a function (batch_size) -> tf.data.Dataset of "
+                        "(x, y) batches, or -> arrays (x, y); default: batches made up from its inputs and loss")
     p.add_argument("--size", default=None, metavar="SIZE",
                    help="full or tiny (default: full with GPUs, tiny on emulated or CPU devices)")
     p.add_argument("--devices", "--gpus", nargs="+", metavar="DEV", dest="devices",
@@ -59,8 +64,11 @@ def add_common(p, *, seconds: float, windows: int) -> None:
 
 
 def check_common(args) -> None:
-    """Validates the shared options before TensorFlow starts; raises ``ValueError`` naming the bad value."""
-    workloads.get(args.model)
+    """Validates the shared options before devices are set up; raises ``ValueError`` naming the bad value.
+
+    A model of the user's (``--model MODULE:ATTR``) is looked up here: its module is imported (or its file run),
+    which may import TensorFlow, but nothing is built before the devices are set up."""
+    workloads.get(args.model, args.data)
     if args.size is not None:
         workloads.check_size(args.size)
     if not args.seconds > 0:

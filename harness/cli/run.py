@@ -18,6 +18,8 @@ Examples:
                                                   # across 2 local worker processes, one device each
     harness run --workers 2 --emulate 2000,1000 --method keras   # stock tf_keras fit, MultiWorkerMirroredStrategy
     harness run --workers 2 --devices-per-worker 1 2 --emulate 1000,500,500 --ratios 2 1 1
+    harness run --model models/text.py:build --logical-cpus 2 --batch 256
+                                                  # your own model (docs/user-models.md)
 
 Across workers (--workers N), harness launches N local workers of one loopback cluster
 (harness launch); each runs this command in worker mode, joins the cluster with
@@ -167,7 +169,8 @@ def run(args) -> int:
     config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
                        _batches(args, setup.devices), seconds=args.seconds, windows=args.windows,
                        warmup_steps=args.warmup_steps, emulate=setup.emulate, input_delay_ms=args.input_delay_ms,
-                       seed=args.seed, rebalance_every=args.rebalance, throttle=parse_throttle(args.throttle))
+                       seed=args.seed, rebalance_every=args.rebalance, throttle=parse_throttle(args.throttle),
+                       data=args.data)
     out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind})
     out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} device(s), batch "
             f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s")
@@ -272,7 +275,7 @@ def cluster_plan(args):
     config = RunConfig(args.model, options.default_size(args, setup), method, names, batches, seconds=args.seconds,
                        windows=args.windows, warmup_steps=args.warmup_steps, emulate=specs,
                        input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle),
-                       rebalance_every=args.rebalance)
+                       rebalance_every=args.rebalance, data=args.data)
     if method == "keras":  # which Keras, and how its fit feeds the global batch: in the record and the output
         from harness.bench.cluster_run import stock_input_text, stock_note
 
@@ -280,7 +283,7 @@ def cluster_plan(args):
     plan = ClusterPlan(config.model, config.size, method, tuple(counts), batches, seconds=config.seconds,
                        windows=config.windows, warmup_steps=config.warmup_steps, emulate=specs,
                        input_delay_ms=config.input_delay_ms, seed=config.seed, throttle=config.throttle, kind=kind,
-                       notes=config.notes, rebalance_every=config.rebalance_every)
+                       notes=config.notes, rebalance_every=config.rebalance_every, data=config.data)
     return plan, config, setup
 
 

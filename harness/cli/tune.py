@@ -91,7 +91,7 @@ def run(args) -> int:
                     global_batch=args.global_batch, method=args.method, margin=args.margin, start=args.start_batch,
                     limit=args.max_batch, tolerance=args.tolerance, max_step_s=args.max_step_s,
                     verify_seconds=args.seconds, verify_windows=args.windows, compare_even=not args.no_even,
-                    seed=args.seed, on_event=out.say)
+                    seed=args.seed, on_event=out.say, data=args.data)
 
     result = out.guard(work)
     out.record["result"] = result

@@ -136,16 +136,28 @@ def depends_on_batch(tensor: tf.Tensor, sources: Sequence[tf.Tensor]) -> bool:
         t, expanded = stack.pop()
         if id(t) in kinds:
             continue
-        if id(t) in wanted:
-            kinds[id(t)] = True
+        if id(t) in wanted or not tf.is_symbolic_tensor(t):  # an eager capture: a constant, a variable's handle
+            kinds[id(t)] = id(t) in wanted
             continue
-        inputs = list(t.op.inputs)
+        outer = _captured(t)
+        inputs = list(t.op.inputs) if outer is None else [outer]
         if not expanded:
             stack.append((t, True))
             stack.extend((i, False) for i in inputs if id(i) not in kinds)
             continue
-        kinds[id(t)] = _kind(t, inputs, [kinds[id(i)] for i in inputs])
+        kinds[id(t)] = kinds[id(outer)] if outer is not None else _kind(t, inputs, [kinds[id(i)] for i in inputs])
     return kinds[id(tensor)] is True
+
+
+def _captured(t):
+    """The outer tensor a function graph's placeholder ``t`` captures, else None. A step fed by a dataset traces
+    its parallel branch in a ``tf.cond`` (``ParallelModel._by_batch_size``), whose graph sees the step's input
+    through such a placeholder: the walk goes on outside (before, every lookup of such a step was taken for
+    batch-independent)."""
+    if t.op.type != "Placeholder":
+        return None
+    captures = getattr(t.graph, "captures", None) or ()  # FuncGraph (TF 2.12-2.21): [(external, internal), ...]
+    return next((external for external, internal in captures if internal is t), None)
 
 
 def _layout_error(variable, towers: int, found: int) -> SparseLayoutError:

@@ -162,7 +162,7 @@ def _accuracy_at(run: dict, step: int) -> float:
 
 
 @pytest.mark.parametrize("combination", [
-    pytest.param(("towers", "ratio", 2), id="towers-ratio-2"),  # ~30 s: the done-when test runs by default
+    pytest.param(("towers", "ratio", 2), id="towers-ratio-2", marks=pytest.mark.extended),  # ~30 s; .ci/run runs it
     pytest.param(("mirrored", "ratio", 3), id="mirrored-ratio-3", marks=pytest.mark.slow),
 ])
 def test_a_wrongly_scaled_loss_is_flagged_by_time_to_accuracy(combination, keras3):

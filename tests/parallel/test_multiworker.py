@@ -41,15 +41,17 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
 @pytest.mark.parametrize("workers, devices, args", [
     (2, None, ["dense", "3:1", "62", "20", "--save", "{tmp}"]),  # last batch 2: one row per worker
     (2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"]),  # last batch 1: empty devices
-    (3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"]),  # last batch 13
+    pytest.param(3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"], marks=pytest.mark.extended),  # last batch 13
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
-    (2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"]),
+    pytest.param(2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"], marks=pytest.mark.extended),
     (2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"]),  # the split tuned while it trains
     # Issue 30: optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
-    (2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"]),
+    pytest.param(2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"],
+                 marks=pytest.mark.extended),
     (2, None, ["dense", "3:1", "62", "20", "--optimizer",
                "SGD(0.1, clipvalue=0.01, use_ema=True, ema_overwrite_frequency=3, gradient_accumulation_steps=2)"]),
-    (2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"]),  # sparse rows
+    pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"],
+                 marks=pytest.mark.extended),  # sparse rows
     (2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)", "--keras2"]),
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
         "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200", "2w-1+2-global-clipnorm", "2w-clip-ema-accumulation",

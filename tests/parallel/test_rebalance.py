@@ -109,6 +109,7 @@ print(json.dumps({"deviation": report.max_deviation, "steps": [report.steps, reb
 """
 
 
+@pytest.mark.extended
 @pytest.mark.timing
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
 def test_auto_ratios_tune_the_split_while_training_and_stay_exact(any_keras, method):

@@ -62,7 +62,10 @@ CASES = [(kind, method, ratios) for kind in ("broadcast", "arange", "shared") fo
          for ratios in ((1, 3), (5, 3, 2))]
 
 
-@pytest.mark.parametrize(("kind", "method", "ratios"), CASES, ids=[f"{k}-{m}-{len(r)}" for k, m, r in CASES])
+@pytest.mark.parametrize(("kind", "method", "ratios"), [  # the 3-device splits extended
+    pytest.param(*case, id=f"{case[0]}-{case[1]}-{len(case[2])}",
+                 marks=[pytest.mark.extended] if len(case[2]) > 2 else [])
+    for case in CASES])
 def test_lookups_of_every_shape_under_adam(logical_devices, any_keras, kind, method, ratios):
     report = _compare(any_keras, logical_devices[: len(ratios)], kind, method, list(ratios))
     assert report.is_equivalent(1e-6), report.table()

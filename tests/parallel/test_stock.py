@@ -43,6 +43,7 @@ def test_check_says_why_stock_keras_drifts_with_each_cause_measured(tmp_path, ke
     assert any(line.startswith("dense      mirrored") and line.endswith(" ok") for line in done.stdout.splitlines())
 
 
+@pytest.mark.extended
 def test_explain_names_only_what_it_measured(logical_devices, keras3):
     from harness import compare_training
     from harness.bench import stock, stock_drift

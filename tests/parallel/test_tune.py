@@ -22,6 +22,7 @@ print(json.dumps(probe.to_json()))
 """
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("ceiling", [300, 1])
 def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
     probe = json.loads(run_python(_PROBE.format(ceiling=ceiling)))

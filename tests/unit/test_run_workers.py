@@ -168,6 +168,7 @@ def test_the_stock_baseline_across_workers_is_refused_with_the_reason_without_tf
     assert "does not run under a stock MultiWorkerMirroredStrategy" in err and "keras-team/keras#20585" in err, err
 
 
+@pytest.mark.extended
 def test_the_stock_baseline_runs_across_two_workers_in_tf_keras(tmp_path, keras2):
     # tf_keras' fit under a stock MultiWorkerMirroredStrategy, one replica per worker, on emulated devices far below
     # this host's speed: its even split of each global batch of 60 leaves the 200 samples/s device the slower (about

@@ -169,14 +169,16 @@ def _runner(workload, size: str, device: str, emulate, seed: int):
 
     with tf.device(device):
         template = workload.build(size, seed=seed)
+    compile_args = workload.compile_args(template)
     model = parallelize(template, [device], method="towers", emulate=None if emulate is None else [emulate])
-    model.compile(optimizer=workload.optimizer(), loss=workload.loss())
-    pool_x, pool_y = workload.make_data(size, 256, seed=seed)
+    model.compile(**compile_args)
+    pool_x, pool_y = workload.make_data(size, 256, seed=seed)  # a user's model may take several inputs
+    pool = len(tf.nest.flatten(pool_y)[0])
 
     def run(batch: int, max_steps: int, min_seconds: float) -> Point:
         """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed."""
-        index = np.arange(batch) % len(pool_x)
-        x, y = tf.constant(pool_x[index]), tf.constant(pool_y[index])
+        index = np.arange(batch) % pool
+        x, y = (tf.nest.map_structure(lambda a: tf.constant(a[index]), d) for d in (pool_x, pool_y))
         times: list[float] = []
         try:
             model.train_on_batch(x, y)

@@ -50,11 +50,13 @@ def tune(
     compare_even: bool = True,
     seed: int = 0,
     on_event: Callable[[str], None] | None = None,
+    data: str | None = None,
 ) -> dict:
     """Finds the per-device batches with the most samples/s and measures them.
 
     Args:
-        model: a workload name (``harness.bench.workloads.names()``).
+        model: a workload name (``harness.bench.workloads.names()``), or a reference to your own model
+            (``MODULE:ATTR``, ``path/to/file.py:ATTR``: docs/user-models.md).
         devices: TensorFlow device names, already set up (``use_logical_devices`` for emulated ones).
         size: ``"tiny"`` or ``"full"``.
         emulate: one ``EmulatedDevice`` per device, or None for real devices.
@@ -67,6 +69,7 @@ def tune(
         compare_even: also run the even split of the same global batch.
         seed: weights and data seed.
         on_event: called with a line of progress text.
+        data: a reference to your model's data function (``--data``), for a model of your own.
 
     Returns:
         A JSON-ready record: per-device profiles and fits, the choice (batches,
@@ -89,12 +92,12 @@ def tune(
 
     began = time.perf_counter()
     say = on_event or (lambda text: None)
-    workload = workloads.get(model)
+    workload = workloads.get(model, data)
     _check(devices, size, emulate, global_batch, method, margin)
     specs = list(emulate) if emulate is not None else [None] * len(devices)
     record: dict[str, Any] = {
         "config": {"model": model, "size": size, "devices": list(devices), "method": method,
-                   "global_batch": global_batch, "margin": margin, "seed": seed,
+                   "global_batch": global_batch, "margin": margin, "seed": seed, "data": data,
                    "emulate": None if emulate is None else [e.to_json() for e in emulate]},
         "devices": [], "choice": None, "verify": None, "seconds": {}}
     limit = limit if global_batch is None else max(1, min(limit, global_batch))
@@ -106,7 +109,7 @@ def tune(
     say(_choice_text(record["choice"]))
     t0 = time.perf_counter()
     record["verify"] = _verify(model, size, devices, specs, probes, split, models, method, verify_seconds,
-                               verify_windows, compare_even, seed, say)
+                               verify_windows, compare_even, seed, say, data)
     record["seconds"]["verify"] = time.perf_counter() - t0
     record["seconds"]["total"] = time.perf_counter() - began
     record["host_bound"] = host_bound_entries(record)
@@ -239,7 +242,8 @@ def _choice_text(choice: dict) -> str:
             f"{choice['even']['samples_per_second']:.0f}")
 
 
-def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say):
+def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say,
+            data=None):
     from harness.bench.tuning.solver import predict
 
     ceilings = _memory_ceilings(probes, split.global_batch)
@@ -249,19 +253,19 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     for probe, _ in probes:
         probe.release()  # free the probe models before the parallel ones take the memory
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
-                              split.samples_per_second, tuned_solo)}
+                              split.samples_per_second, tuned_solo, data)}
     if compare_even and tuple(even) == tuple(split.batches):
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
-                                predict(models, even).samples_per_second, even_solo)
+                                predict(models, even).samples_per_second, even_solo, data)
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
                                f"({ceilings}): the largest even split that fits")
         if len(devices) > 1 and len(set(even)) == 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
             out["keras"] = _parallel(model, size, devices, specs, even, "keras", seconds, windows, seed, say,
-                                     predict(models, even).samples_per_second, even_solo)
+                                     predict(models, even).samples_per_second, even_solo, data)
     return out
 
 
@@ -327,13 +331,13 @@ def _solo(probes, batches, seconds, say) -> list[float | None]:
     return rates
 
 
-def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo):
+def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None):
     from harness.bench.runner import RunConfig, host_bound, run_one
 
     used = [i for i, b in enumerate(batches) if b > 0]
     config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
                        tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
-                       emulate=None if specs[0] is None else tuple(specs[i] for i in used))
+                       emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
     say(f"verifying: {config.method} with batches {list(batches)}")
     result = run_one(config)
     measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None

@@ -11,6 +11,15 @@ Importing this package, ``names()``, ``get()`` and the shape queries import
 neither TensorFlow nor Keras (the CLI builds its choices from ``names()``);
 ``build``, ``loss``, ``optimizer`` and ``accuracy`` import Keras when called.
 
+Your own model is a workload too: ``get("path/to/file.py:build")`` (or ``"MODULE:ATTR"``)
+gives a ``harness.bench.workloads.user.UserWorkload`` with the interface below, so the runner,
+the tuner, calibration and ``harness check`` train it as they train a built-in one
+(docs/user-models.md). That interface: ``name``, ``source``, ``description``, ``build``,
+``compile_args`` (what the runner compiles a built model with), ``loss``, ``optimizer``,
+``metrics``, ``accuracy``, ``make_data``, ``sample_bytes``, ``training_data`` (real batches, or
+None: the pipeline makes them from ``make_data``), ``held_out_data`` and ``train_batches`` (time
+to accuracy's), and ``goal``.
+
 One definition builds in either Keras: ``build``, ``loss``, ``optimizer`` and
 ``accuracy`` take the Keras module to use (``keras_module``: default ``keras``,
 Keras 3; ``tf_keras`` gives Keras 2 objects, as the stock baseline across workers
@@ -29,16 +38,29 @@ Example:
 from __future__ import annotations
 
 import importlib
+import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harness.bench.workloads.synthetic import Labels
 from harness.errors import InvalidValue
 
-__all__ = ["SIZES", "Labels", "Workload", "names", "get", "check_size"]
+if TYPE_CHECKING:
+    from harness.bench.workloads.user import UserWorkload
+
+FORMS = "MODULE:ATTR or path/to/file.py:ATTR"
+
+
+def is_reference(name) -> bool:
+    """Whether a ``--model`` value refers to a user's object (it has a ``:``) rather than naming a built-in workload."""
+    return isinstance(name, str) and ":" in name
+
+__all__ = ["SIZES", "FORMS", "Labels", "Workload", "names", "get", "check_size", "is_reference"]
 
 SIZES = ("full", "tiny")
 
@@ -142,6 +164,29 @@ class Workload:
             return k.metrics.SparseCategoricalAccuracy(name="accuracy")
         return k.metrics.BinaryAccuracy(name="accuracy", threshold=0.0)
 
+    def compile_args(self, model, keras_module=None) -> dict:
+        """What the runner compiles a model of this workload with: a new optimizer and loss of ``keras_module``."""
+        return {"optimizer": self.optimizer(keras_module), "loss": self.loss(keras_module)}
+
+    def metrics(self, keras_module=None):
+        """Compile's ``metrics``: none (the runs measure samples/s; ``accuracy`` is time to accuracy's)."""
+        return None
+
+    #: a built-in workload's goal comes with the benchmark (``harness.bench.convergence.Goal``)
+    goal = None
+
+    def training_data(self, batch_size: int):
+        """Real batches: None, a built-in workload's are synthetic (``make_data``, ``pipeline.make_dataset``)."""
+        return None
+
+    def held_out_data(self, size: str, samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Time to accuracy's held-out set: ``make_data`` with a seed no training step uses."""
+        return self.make_data(size, samples, seed)
+
+    def train_batches(self, size: str, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Time to accuracy's training batches: fresh samples every step (``make_data`` with seeds 0, 1, 2, ...)."""
+        return (self.make_data(size, batch_size, seed=step) for step in itertools.count())
+
     def make_data(self, size: str, samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` NumPy arrays with learnable structure; float32 inputs.
 
@@ -188,12 +233,24 @@ def names() -> tuple[str, ...]:
     return tuple(_WORKLOADS)
 
 
-def get(name: str) -> Workload:
-    """The workload called ``name``.
+def get(name: str, data: str | None = None) -> Workload | UserWorkload:
+    """The workload called ``name``, or the user's workload ``name`` refers to (``MODULE:ATTR``, ``file.py:ATTR``).
+
+    Args:
+        name: a built-in workload's name, or a reference to a user's build function or ``harness.Workload``.
+        data: ``--data``: a reference to the user's data function (user workloads only).
 
     Raises:
-        ValueError: naming the unknown workload and the known ones.
+        ValueError: naming the unknown workload and the known ones; a bad reference (``InvalidValue``, ``InvalidType``
+            from ``harness.bench.workloads.user.resolve``); ``data`` with a built-in workload.
     """
+    if is_reference(name):
+        from harness.bench.workloads.user import resolve
+
+        return resolve(name, data)
+    if data is not None:
+        raise InvalidValue(f"--data {data!r} is data for a model of your own (--model {FORMS}); the built-in "
+                           f"workload {name!r} makes its own")
     try:
         return _WORKLOADS[name]
     except (KeyError, TypeError):

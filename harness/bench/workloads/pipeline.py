@@ -18,9 +18,13 @@ import numbers
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from harness.bench.workloads import Workload, check_size, get
 from harness.errors import InvalidValue
+
+if TYPE_CHECKING:
+    from harness.bench.workloads.user import UserWorkload
 
 __all__ = ["POOL_BYTES", "InputRate", "default_pool_size", "make_dataset", "measure_input_rate", "is_starved"]
 
@@ -56,14 +60,14 @@ def _positive_number(name: str, value, *, zero_ok: bool = False) -> float:
     return float(value)
 
 
-def default_pool_size(workload: Workload, size: str, batch_size: int) -> int:
+def default_pool_size(workload: Workload | UserWorkload, size: str, batch_size: int) -> int:
     """Samples in the default pool: a few distinct batches, at most ``POOL_BYTES``, at least one batch."""
     fit = POOL_BYTES // workload.sample_bytes(size)
     return max(batch_size, min(_POOL_BATCHES * batch_size, fit))
 
 
 def make_dataset(
-    workload: Workload | str,
+    workload: Workload | UserWorkload | str,
     size: str,
     batch_size: int,
     *,
@@ -76,7 +80,10 @@ def make_dataset(
 
     A pool of deterministic samples (``make_data(size, samples, seed)``) is sliced,
     repeated, batched with ``drop_remainder=True`` (every step sees the same
-    batch size, seed 003 tip 2), optionally delayed, and prefetched.
+    batch size, seed 003 tip 2), optionally delayed, and prefetched. A user's
+    workload with real data (``--data``) gives its own batches instead
+    (``workload.training_data``: full batches, repeated), delayed and prefetched alike,
+    unless ``samples`` or ``repeat=False`` ask for a pool.
 
     Args:
         workload: a ``Workload`` or its name.
@@ -103,15 +110,18 @@ def make_dataset(
         workload = get(workload)
     check_size(size)
     batch_size = _positive_int("batch_size", batch_size)
-    samples = default_pool_size(workload, size, batch_size) if samples is None else _positive_int("samples", samples)
     delay_s = _positive_number("input_delay_ms", input_delay_ms, zero_ok=True) / 1000.0
     import tensorflow as tf
 
-    x, y = workload.make_data(size, samples, seed)
-    dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    if repeat:
-        dataset = dataset.repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = workload.training_data(batch_size) if repeat and samples is None else None
+    if dataset is None:  # a pool of synthetic samples
+        samples = default_pool_size(workload, size, batch_size) if samples is None else \
+            _positive_int("samples", samples)
+        x, y = workload.make_data(size, samples, seed)
+        dataset = tf.data.Dataset.from_tensor_slices((x, y))
+        if repeat:
+            dataset = dataset.repeat()
+        dataset = dataset.batch(batch_size, drop_remainder=True)
     if delay_s > 0:
         dataset = dataset.map(_delay_fn(tf, delay_s))
         # One batch at a time (see input_delay_ms): tf.data would otherwise parallelise a map of
@@ -127,11 +137,14 @@ def _delay_fn(tf, delay_s: float):
         time.sleep(delay_s)
         return x
 
-    def delay(x, y):
+    def delay(x, *rest):
         # The batch goes through the sleep, so the op feeds the output and is never pruned;
         # stateful=False lets TensorFlow overlap it with other work (DESIGN: emulated devices).
-        delayed = tf.numpy_function(_sleep, [x], x.dtype, stateful=False)
-        return tf.ensure_shape(delayed, x.shape), y
+        # A model of several inputs: the first goes through it. rest: y (and a user's sample weights).
+        leaves = tf.nest.flatten(x)
+        delayed = tf.numpy_function(_sleep, [leaves[0]], leaves[0].dtype, stateful=False)
+        leaves[0] = tf.ensure_shape(delayed, leaves[0].shape)
+        return (tf.nest.pack_sequence_as(x, leaves), *rest)
 
     return delay
 

@@ -318,3 +318,69 @@ class Adapter:
     def call_node(self, graph, op, args, kwargs, training):
         """Calls one layer of ``graph`` on one tower's arguments, as the model's own call would."""
         raise NotImplementedError
+
+    # -- a user's model as a workload (harness.bench.workloads.user) ------------------------------
+    def compile_args(self, model) -> dict | None:
+        """What ``model`` was compiled with: ``optimizer`` (the model's own object), ``loss`` (None where compiled
+        without one), ``loss_weights``, ``metrics``, ``weighted_metrics``; None where it was not compiled."""
+        raise NotImplementedError
+
+    def io_description(self, model) -> dict | None:
+        """A Functional or built Sequential model's inputs and outputs, for ``harness.bench.workloads.infer``; None
+        for a model without a graph (subclassed).
+
+        Returns:
+            ``{"inputs": [(name, shape, dtype)], "outputs": [(name, shape, dtype)], "input_tree", "output_tree",
+            "embeddings"}``: shapes with the batch axis, dtype names; the trees are the model's input and output
+            structures with each leaf its flat index; ``embeddings`` holds, per input, the ``input_dim`` of the
+            first ``Embedding`` the input reaches through integer tensors (nested single-input models included),
+            or None.
+        """
+        graph = self.graph_of(model)
+        if graph is None:
+            return None
+        inputs, outputs = self._io_structs(graph)
+        flat_in, flat_out = tf.nest.flatten(inputs), tf.nest.flatten(outputs)
+        names = list(getattr(model, "output_names", None) or [])
+        names = names if len(names) == len(flat_out) else [self._name(t) for t in flat_out]
+        return {"inputs": [(self._name(t), tuple(t.shape), self._dtype(t)) for t in flat_in],
+                "outputs": [(name, tuple(t.shape), self._dtype(t)) for name, t in zip(names, flat_out)],
+                "input_tree": tf.nest.pack_sequence_as(inputs, list(range(len(flat_in)))),
+                "output_tree": tf.nest.pack_sequence_as(outputs, list(range(len(flat_out)))),
+                "embeddings": [self._embedding_dim(graph, t) for t in flat_in]}
+
+    def _embedding_dim(self, graph, ref) -> int | None:
+        """The ``input_dim`` of the first Embedding that input ``ref`` of ``graph`` reaches through integer tensors."""
+        reached = {self._tensor_id(ref)}
+        for op, inputs, outputs in self._graph_nodes(graph):
+            if not reached.intersection(inputs):
+                continue
+            if isinstance(op, self.k.layers.Embedding):
+                return int(op.input_dim)
+            inner = self.graph_of(op) if isinstance(op, self.k.Model) else None
+            if inner is not None and len(inner.inputs) == 1:
+                dim = self._embedding_dim(inner, inner.inputs[0])
+                if dim is not None:
+                    return dim
+            reached.update(ident for ident, dtype in outputs if dtype.startswith(("int", "uint")))
+        return None
+
+    @staticmethod
+    def _name(t) -> str:
+        return str(getattr(t, "name", "") or "").split(":")[0]
+
+    @staticmethod
+    def _dtype(t) -> str:
+        return str(getattr(t.dtype, "name", t.dtype))
+
+    def _io_structs(self, graph) -> tuple:
+        """The (nested) input and output KerasTensors of a Functional graph."""
+        raise NotImplementedError
+
+    def _graph_nodes(self, graph):
+        """``(layer, input ids, [(output id, dtype name)])`` of each layer call of ``graph``, inputs first."""
+        raise NotImplementedError
+
+    def _tensor_id(self, t):
+        """The id ``_graph_nodes`` names KerasTensor ``t`` by."""
+        raise NotImplementedError

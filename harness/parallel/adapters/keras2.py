@@ -325,6 +325,31 @@ class Keras2Adapter(Adapter):
                                  call_context_args={"training": training})
         return context.enter(layer=model, inputs=inputs, build_graph=True, training=training)
 
+    # -- a user's model as a workload ------------------------------------------------------------------------
+    def compile_args(self, model) -> dict | None:
+        # tf_keras 2.13-2.21 and Keras 2.13-2.15: _is_compiled, and the user's metrics in compiled_metrics
+        if not getattr(model, "_is_compiled", False):
+            return None
+        metrics, losses = model.compiled_metrics, model.compiled_loss
+        loss = model.loss if model.loss not in (None, {}) else None  # compile(loss=None) keeps {}
+        return {"optimizer": model.optimizer, "loss": loss,
+                "loss_weights": getattr(losses, "_user_loss_weights", None) if losses is not None else None,
+                "metrics": getattr(metrics, "_user_metrics", None) if metrics is not None else None,
+                "weighted_metrics": getattr(metrics, "_user_weighted_metrics", None) if metrics is not None else None}
+
+    def _io_structs(self, graph) -> tuple:
+        return graph._nested_inputs, graph._nested_outputs  # tf_keras 2.13-2.21 Functional
+
+    def _graph_nodes(self, graph):
+        for depth in sorted(graph._nodes_by_depth, reverse=True):
+            for node in graph._nodes_by_depth[depth]:
+                if not node.is_input:
+                    dtypes = [self._dtype(t) for t in tf.nest.flatten(node.outputs)]
+                    yield node.layer, list(node.flat_input_ids), list(zip(node.flat_output_ids, dtypes))
+
+    def _tensor_id(self, t):
+        return str(id(t))
+
 
 class _Walk:
     """A Keras 2 Functional graph walked node by node, as ``Functional._run_internal_graph`` does, per tower."""

@@ -255,6 +255,29 @@ class Keras3Adapter(Adapter):
             kwargs = {**kwargs, "training": training}
         return op(*args, **kwargs)
 
+    # -- a user's model as a workload ------------------------------------------------------------------------
+    def compile_args(self, model) -> dict | None:
+        # Keras 3.0-3.15: Trainer.compile keeps its arguments in _compile_config (a SerializableDict's .config)
+        config = getattr(model, "_compile_config", None)
+        if not getattr(model, "compiled", False) or config is None:
+            return None
+        given = config.config
+        return {"optimizer": model.optimizer, "loss": model.loss, "loss_weights": given.get("loss_weights"),
+                "metrics": given.get("metrics"), "weighted_metrics": given.get("weighted_metrics")}
+
+    def _io_structs(self, graph) -> tuple:
+        return graph._inputs_struct, graph._outputs_struct  # Keras 3.0-3.15 Functional
+
+    def _graph_nodes(self, graph):
+        for depth in sorted(graph._nodes_by_depth, reverse=True):
+            for node in graph._nodes_by_depth[depth]:
+                if node.operation is not None and not node.is_input:
+                    yield (node.operation, [id(t) for t in node.input_tensors],
+                           [(id(t), self._dtype(t)) for t in node.output_tensors])
+
+    def _tensor_id(self, t):
+        return id(t)
+
 
 class _Walk:
     """A Keras 3 Functional graph walked node by node, as ``Functional._run_through_graph`` does, per tower."""
