@@ -201,6 +201,7 @@ def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path, emulation):
     assert result["input"]["samples_per_second"] < 85
 
 
+@pytest.mark.extended
 @pytest.mark.timing
 def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
     fast, slow = emulation.scale(4000, 2000)

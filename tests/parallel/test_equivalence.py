@@ -46,9 +46,9 @@ def test_parallel_step_equals_single_device(logical_devices, any_keras, method, 
 
 
 @pytest.mark.parametrize(("name", "ratios", "n", "batch_size"), [
-    ("cnn_bn", [1, 3], 40, 40),  # one whole batch per epoch
+    pytest.param("cnn_bn", [1, 3], 40, 40, marks=pytest.mark.extended),  # one whole batch per epoch
     ("dense_bn", [4, 3, 2, 1], 65, 20),  # last batch of 5 over 4 devices: slices 2, 1, 1, 1
-    ("dense_bn", [1, 3], 61, 20),  # last batch of 1: the single-device step
+    pytest.param("dense_bn", [1, 3], 61, 20, marks=pytest.mark.extended),  # last batch of 1: the single-device step
     ("conv_bn", [4, 3, 2, 1], 65, 20),  # Keras 2's fused kernel: off by 1e-3 and more without the n/(n-1) correction
     ("nested_bn", [3, 2, 1], 61, 20),  # the BatchNormalization of a nested model is synchronised too
 ])
@@ -146,6 +146,7 @@ def _resplit(k, schedule):
     return Resplit()
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("model", ["dense", "cnn_bn"])
 @pytest.mark.parametrize("method", METHODS)
 def test_changing_ratios_mid_training_stays_exact(logical_devices, any_keras, method, model):

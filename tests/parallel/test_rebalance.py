@@ -125,6 +125,7 @@ def test_auto_ratios_tune_the_split_while_training_and_stay_exact(any_keras, met
     np.testing.assert_allclose(out["loss"][1], out["loss"][0], atol=1e-6)
 
 
+@pytest.mark.extended
 @pytest.mark.timing
 def test_harness_run_rebalance_and_throttle_options(tmp_path, emulation):
     # Two devices at R, device 1 drops to R / 4 at step 4: the split of 200 moves to 160/40.

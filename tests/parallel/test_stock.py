@@ -12,6 +12,7 @@ import pytest
 from tf_process import run_harness
 
 
+@pytest.mark.extended
 def test_check_reports_the_stock_baseline_without_failing_for_it(tmp_path):
     done = run_harness(["check", "--methods", "keras", "mirrored", "--models", "dense", "cnn_bn", "--logical-cpus", "2",
                         "--ratios", "1", "1", "--samples", "60", "--time-steps", "0", "--json"], tmp_path)

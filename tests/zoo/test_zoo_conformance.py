@@ -53,7 +53,8 @@ def _assert_conforms(rows, must_refuse: bool = False):
             assert (row.reference_exact is None) == (row.status == "exact") == (row.floor is None), table
 
 
-@pytest.mark.parametrize(("name", "generation", "method", "split"), FAST_CASES,
+@pytest.mark.parametrize(("name", "generation", "method", "split"), [  # timeseries_fcn's 50 s: extended
+    pytest.param(*case, marks=[pytest.mark.extended] if case[0] == "timeseries_fcn" else []) for case in FAST_CASES],
                          ids=[f"{n}-keras{g}-{m}-{s}" for n, g, m, s in FAST_CASES])
 def test_fast_subset_conforms(logical_devices, name, generation, method, split):
     k = _keras(generation)
