@@ -61,8 +61,11 @@ def data(batch_size):
 '''
 
 TF_KERAS = '''
-"""A tf_keras model with a dict of inputs: token ids and float values (the ids come first in its flat inputs)."""
-import tf_keras as keras
+"""A Keras 2 model with a dict of inputs: token ids and float values (the ids come first in its flat inputs)."""
+try:
+    import tf_keras as keras
+except ImportError:  # TF 2.15: its keras is Keras 2
+    import keras
 
 
 def build():
