@@ -245,11 +245,6 @@ def cluster_plan(args):
                            f"MultiWorkerMirroredStrategy, one replica per worker: worker {several} with several "
                            f"devices (--devices-per-worker {' '.join(map(str, args.devices_per_worker))}) cannot be "
                            "one. Give each worker one device, or use --method mirrored")
-    if method == "keras":
-        from harness.bench.cluster_run import stock_keras_name, stock_refusal_text
-
-        if stock_keras_name() is None:
-            raise Unavailable(stock_refusal_text())  # no tf_keras here
     total = sum(counts)
     options.check_common(args)
     gpus = 0 if args.emulate is not None else gpu_count()
@@ -277,7 +272,10 @@ def cluster_plan(args):
                        input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle),
                        rebalance_every=args.rebalance, data=args.data)
     if method == "keras":  # which Keras, and how its fit feeds the global batch: in the record and the output
-        from harness.bench.cluster_run import stock_input_text, stock_note
+        from harness.bench.cluster_run import stock_input_text, stock_keras_name, stock_note, stock_refusal_text
+
+        if stock_keras_name() is None:  # after every option is checked: a bad value is named wherever it runs
+            raise Unavailable(stock_refusal_text())  # no tf_keras here
 
         config = replace(config, notes=(stock_note(), stock_input_text(batches)))
     plan = ClusterPlan(config.model, config.size, method, tuple(counts), batches, seconds=config.seconds,

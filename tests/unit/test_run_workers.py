@@ -237,3 +237,17 @@ def test_compare_across_workers_puts_the_stock_baseline_beside_harness_splits(tm
     assert sps["ratio mirrored"] > 1.3 * sps["even keras"]
     assert [(e["row"], e["baseline"]) for e in record["versus_stock"]] == [("even mirrored", "even keras")]
     assert main(["compare", "--devices-per-worker", "2"]) == 2
+
+
+def test_a_bad_option_is_named_before_a_missing_tf_keras(capsys, monkeypatch):
+    # In an image without tf_keras (harness:tf221), the stock baseline's even split was refused for tf_keras instead.
+    import harness.bench.cluster_run
+    import harness.launch
+
+    monkeypatch.setattr(harness.bench.cluster_run, "stock_keras_name", lambda: None)
+    monkeypatch.setattr(harness.launch, "launch", lambda *a, **k: pytest.fail("a worker was launched"))
+    base = ["run", "--no-save", "--workers", "2", "--emulate", "1000,500", "--method", "keras"]
+    assert main([*base, "--ratios", "2", "1"]) == 2
+    assert "method 'keras' splits the global batch evenly" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "tf_keras is not installed here" in capsys.readouterr().err
