@@ -1,6 +1,6 @@
 """Optional dependencies: each is imported where it is used, and its absence is one clear line.
 
-``pip install harness`` gives the library (numpy; TensorFlow and Keras are the user's own,
+``pip install keras-harness`` gives the library (numpy; TensorFlow and Keras are the user's own,
 or the ``[tf]`` extra). The other extras (pyproject.toml):
 
 - ``[bench]``: matplotlib (charts), nvidia-ml-py (GPU facts and telemetry), asv (benchmarks);
@@ -23,7 +23,7 @@ class MissingExtra(Unavailable):
 
 
 def require(module: str, *, package: str, extra: str, purpose: str) -> ModuleType:
-    """Imports ``module``, or raises ``MissingExtra`` naming ``package`` and ``harness[extra]``.
+    """Imports ``module``, or raises ``MissingExtra`` naming ``package`` and ``keras-harness[extra]``.
 
     Args:
         module: the import name (``"matplotlib.figure"``).
@@ -38,4 +38,4 @@ def require(module: str, *, package: str, extra: str, purpose: str) -> ModuleTyp
         return importlib.import_module(module)
     except ImportError as err:
         raise MissingExtra(f"{purpose}: {package} is not installed ({err.msg}); "
-                           f"pip install 'harness[{extra}]'") from None
+                           f"pip install 'keras-harness[{extra}]'") from None

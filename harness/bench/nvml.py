@@ -87,7 +87,7 @@ def _session() -> Iterator[Any]:
         import pynvml as lib
     except ImportError as err:
         _warn_once("import", f"pynvml (package nvidia-ml-py) cannot be imported ({err}); "
-                             "no GPU information or telemetry: pip install 'harness[bench]'")
+                             "no GPU information or telemetry: pip install 'keras-harness[bench]'")
         yield None
         return
     try:

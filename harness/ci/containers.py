@@ -1,6 +1,6 @@
 """Builds, smoke-tests and tests the version matrix's images, with a private engine when none runs.
 
-The engine is driven through the Docker SDK for Python (``docker``, the ``harness[ci]``
+The engine is driven through the Docker SDK for Python (``docker``, the ``keras-harness[ci]``
 extra): ping and version, image inspection, pulls, imports and removal, and the containers
 that run the smoke test and the suite, their logs streamed line by line. Its errors become one
 line naming what failed: ``harness.errors.Unavailable`` where something is missing (an engine, a
@@ -70,7 +70,7 @@ def sdk() -> Any:
     """The Docker SDK for Python (the ``docker`` module), imported on first use.
 
     Raises:
-        harness.extras.MissingExtra: naming the ``harness[ci]`` extra, where the SDK is not installed.
+        harness.extras.MissingExtra: naming the ``keras-harness[ci]`` extra, where the SDK is not installed.
     """
     return require("docker", package="the Docker SDK for Python (docker)", extra="ci", purpose="harness docker")
 
@@ -304,7 +304,7 @@ def find_engine() -> Engine | None:
     """The engine the SDK reaches as configured (``DOCKER_HOST``, else the default socket), if it answers a ping.
 
     Raises:
-        RuntimeError: without the Docker SDK for Python (the ``harness[ci]`` extra).
+        RuntimeError: without the Docker SDK for Python (the ``keras-harness[ci]`` extra).
     """
     host = os.environ.get("DOCKER_HOST") or None
     client = _reach(host)
@@ -492,15 +492,15 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
         raise Unavailable(f"an offline wheelhouse for {entry.name} needs Python {entry.python} on the host "
                            f"to resolve its wheels; this is Python {host}")
     dest.mkdir(parents=True, exist_ok=True)
-    for old in dest.glob("harness-*.whl"):
+    for old in dest.glob("keras_harness-*.whl"):
         old.unlink()
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     _pip(pip + ["wheel", "--no-deps", "--wheel-dir", str(dest), str(repo)], "the harness wheel", log)
-    wheel = next(dest.glob("harness-*.whl"))
+    wheel = next(dest.glob("keras_harness-*.whl"))
     if offline:
         args = build_args(entry, variant)
         reqs = [args["TF_REQUIREMENT"]] + ([args["KERAS_REQUIREMENT"]] if args["KERAS_REQUIREMENT"] else [])
-        log(f"filling the wheelhouse {dest} for {' '.join(reqs)} harness[test,bench]")
+        log(f"filling the wheelhouse {dest} for {' '.join(reqs)} keras-harness[test,bench]")
         _pip(pip + ["wheel", "--wheel-dir", str(dest), "--find-links", str(dest), *reqs, f"{wheel}[test,bench]"],
              "the wheelhouse", log)
     return wheel

@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         compare,
         docker,
         env,
+        init,
         launch,
         matrix,
         regressions,
@@ -45,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, regressions, bisect, docker,
-                   matrix):
+                   matrix, init):
         module.add_parser(sub)
     return parser
 

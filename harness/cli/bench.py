@@ -98,8 +98,10 @@ def run(args) -> int:
         if borderline and not args.no_rerun:
             names = sorted({row.name for row in borderline})
             print(f"harness bench-compare: borderline, measuring once more: {', '.join(names)}", file=sys.stderr)
-            keys = {(m.name, m.params) for ms in rounds.base.values() for m in ms if m.name in names}
-            measure([f"^{re.escape(name)}$" for name in names], keys)
+            keys = {(row.name, row.params) for row in borderline}
+            # asv matches a parametrized benchmark's regex against ``name(params)``: one regex per combination
+            measure(sorted({"^" + re.escape(f"{row.name}({row.params})" if row.params else row.name) + "$"
+                            for row in borderline}), keys)
             rows = [benchgate.after_rerun(row, rounds.base[(row.name, row.params)][-1],
                                           rounds.head[(row.name, row.params)][-1]) if row in borderline else row
                     for row in rows]

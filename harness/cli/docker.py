@@ -1,6 +1,6 @@
 """``harness docker``: build a version-matrix image for real, smoke-test it, run the fast suite inside.
 
-Drives the engine through the Docker SDK for Python (``pip install 'harness[ci]'``):
+Drives the engine through the Docker SDK for Python (``pip install 'keras-harness[ci]'``):
 the one ``DOCKER_HOST`` names, else the default socket. Only the build goes through
 the ``docker`` command line (BuildKit, which the SDK lacks). Where no engine answers
 and this is root, starts a private dockerd (vfs, no iptables, own socket and data

@@ -10,6 +10,7 @@ commit is installed by pip into a private target directory (tests/bench/demorepo
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,38 @@ def test_gate_measures_a_borderline_result_again_before_failing(planted):
     assert "borderline, measuring once more: bench.Work.time_work" in done.stderr
     row = next(line for line in done.stdout.splitlines() if "bench.Work.time_work" in line)
     assert row.startswith("| + |") and "confirmed by a rerun" in row and "A/A (2+2 rounds)" in row
+
+
+_PARAM_BENCH = textwrap.dedent('''
+    import gatedemo
+
+
+    class Work:
+        params = [["small", "large"]]
+        param_names = ["size"]
+        number = 3
+        repeat = 10
+        rounds = 1
+        warmup_time = 0
+
+        def time_work(self, size):
+            gatedemo.work()
+''')
+
+
+@pytest.mark.extended
+def test_the_rerun_of_a_borderline_parametrized_benchmark_runs_its_combinations(tmp_path):
+    # asv matches --bench against ``name(params)`` for a parametrized benchmark: the rerun's regex must name the
+    # combination (``^bench.Work.time_work$`` selected nothing, asv run exited 1; found by tests/bench/test_adopt.py).
+    repo = tmp_path / "params"
+    repo.mkdir()
+    first = make_repo(repo, bench=_PARAM_BENCH)
+    slowest = commit(repo, {"gatedemo/__init__.py": work_source(0.029)}, "45% slower")
+    done = _gate(repo, first, slowest, "existing", "--factor", "1.25")
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    assert "borderline, measuring once more" in done.stderr and "No benchmarks selected" not in done.stderr
+    rows = [line for line in done.stdout.splitlines() if "bench.Work.time_work" in line]
+    assert len(rows) == 2 and all(row.startswith("| + |") for row in rows), done.stdout
 
 
 def test_gate_refuses_a_single_round(planted):

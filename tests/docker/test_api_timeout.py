@@ -19,7 +19,7 @@ import pytest
 from harness.ci import containers
 from harness.errors import InvalidValue
 
-pytest.importorskip("docker", reason="needs the Docker SDK for Python (pip install 'harness[ci]')")
+pytest.importorskip("docker", reason="needs the Docker SDK for Python (pip install 'keras-harness[ci]')")
 
 
 class _Engine(BaseHTTPRequestHandler):

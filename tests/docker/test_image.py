@@ -2,7 +2,7 @@
 
 Each test uses the engine the Docker SDK for Python reaches (``DOCKER_HOST``, else the default
 socket), or starts a private one (root, dockerd installed) and stops it afterwards; images and
-containers are inspected through the SDK (``harness[ci]``). The entry is ``HARNESS_DOCKER_ENTRY``
+containers are inspected through the SDK (``keras-harness[ci]``). The entry is ``HARNESS_DOCKER_ENTRY``
 (default: the matrix's newest).
 """
 

@@ -194,6 +194,25 @@ def test_check_gives_a_verdict_and_fails_a_model_that_is_not_equivalent(models, 
         assert not rows[dropout, method]["passed"] and rows[dropout, method]["max_deviation"] > 1e-4
 
 
+
+@pytest.mark.extended
+def test_check_with_a_float64_reference_tells_rounding_from_a_different_step(models, tmp_path):
+    """``--reference float64`` (what harness init's pytest file runs): at --tol 0 the exact model's float32
+    rounding is judged as accurate as one device, while Dropout still fails, with the reason."""
+    exact, dropout = f"{models}/text_cnn.py:build", f"{models}/text_cnn.py:build_dropout"
+    done = run_harness(["check", "--model", exact, dropout, "--logical-cpus", "2", "--ratios", "3", "2",
+                        "--methods", "mirrored", "--tol", "0", "--reference", "float64", "--time-steps", "0",
+                        "--json"], tmp_path)
+    assert done.returncode == 1, done.stderr[-4000:]
+    rows = {r["model"]: r for r in json.loads(done.stdout)["equivalence"]}
+    assert rows[exact]["passed"] and rows[exact]["verdict"] in ("exact", "as accurate as one device")
+    assert rows[exact]["verdict"] == "as accurate as one device" or rows[exact]["max_deviation"] == 0
+    assert not rows[dropout]["passed"] and rows[dropout]["verdict"] == "FAIL" and "float64" in rows[dropout]["why"]
+    plain = run_harness(["check", "--model", exact, "--logical-cpus", "2", "--ratios", "3", "2", "--methods",
+                         "mirrored", "--tol", "0", "--time-steps", "0", "--json"], tmp_path)
+    (row,) = json.loads(plain.stdout)["equivalence"]
+    assert row["passed"] == (row["max_deviation"] == 0 and row["max_loss_deviation"] == 0)  # no reference: tol alone
+
 def test_a_tf_keras_model_is_checked_run_and_the_stock_baseline_too(models, tmp_path, keras2):
     spec = f"{models}/tfk.py:build"
     done = run_harness(["check", "--model", spec, "--logical-cpus", "2", "--ratios", "3", "2", "--time-steps", "2",

@@ -167,7 +167,7 @@ def sdk():
     try:
         import docker
     except ImportError:
-        pytest.skip("needs the Docker SDK for Python (pip install 'harness[ci]')")
+        pytest.skip("needs the Docker SDK for Python (pip install 'keras-harness[ci]')")
     return docker
 
 
@@ -278,7 +278,7 @@ def test_the_module_and_the_cli_import_without_the_sdk():
 def test_without_the_sdk_harness_docker_says_in_one_line_which_extra_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "docker", None)  # `import docker` now raises ImportError
     line = ("harness docker: the Docker SDK for Python (docker) is not installed (import of docker halted; None in "
-            "sys.modules); pip install 'harness[ci]'")
+            "sys.modules); pip install 'keras-harness[ci]'")
     with pytest.raises(RuntimeError, match=re.escape(line)):
         containers.find_engine()
     assert main(["docker", "build", "--work-dir", str(tmp_path / "work")]) == 2

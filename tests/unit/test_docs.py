@@ -7,8 +7,9 @@ only in backticks: ``docker/Dockerfile``) or an upper-case Markdown name (``READ
 alone: URLs, absolute and home paths (``~/.cache/...``), paths under anything else (another
 project's ``keras/src/...``), places git ignores (generated ones: ``docker/wheelhouse/``),
 dotted module names, bare file names (``split.py``; ``test_GPUs.py`` of seed 000, see
-docs/background.md), and lines marked ``not-a-reference`` (files of a throw-away repository
-a test builds).
+docs/background.md), the files ``harness init`` writes into another repository
+(``generated_paths``: their names are references into that repository), and lines marked
+``not-a-reference`` (files of a throw-away repository a test builds).
 """
 
 from __future__ import annotations
@@ -68,15 +69,30 @@ def is_ignored(ref: str, root: Path = ROOT) -> bool:
     return any(_git("check-ignore", "-q", "--no-index", p, root=root).returncode == 0 for p in paths)
 
 
-def dangling_references(text: str, where: Path, tops: set[str], root: Path = ROOT) -> list[str]:
+def generated_paths() -> set[str]:
+    """The paths ``harness init`` writes into a user's repository (rendered here, without writing)."""
+    import argparse
+
+    from harness.cli.init import render
+
+    args = argparse.Namespace(model=["pkg.models:build"], data=[], devices=2, ratios=None, methods=["mirrored"],
+                              emulate=None, matrix=None, batch_size=64, reusable=None)
+    files, _ = render(ROOT, args)
+    return {*files, "tox.ini"}
+
+
+def dangling_references(text: str, where: Path, tops: set[str], root: Path = ROOT,
+                        generated: frozenset[str] = frozenset()) -> list[str]:
     """The paths named in ``text`` (the contents of the file ``where``) that exist neither
-    under ``root`` nor next to ``where``, in the order they appear."""
+    under ``root`` nor next to ``where`` and are not ``generated``, in the order they appear."""
     lines = (line for line in text.splitlines() if OPT_OUT not in line)
     text = _URL.sub(" ", "\n".join(lines))
     found = []
     for pattern in _patterns(tops):
         for match in pattern.finditer(text):
             ref = match.group(1).rstrip(".-")
+            if ref in generated:
+                continue
             if not ((root / ref).exists() or (where.parent / ref).exists() or is_ignored(ref, root)):
                 found.append((match.start(1), ref))
     return [ref for _, ref in sorted(set(found))]  # a backticked path matches two patterns
@@ -93,8 +109,11 @@ def test_every_referenced_path_exists(files):
     tops = top_level_entries(files)
     assert {"harness", "tests", "docs"} <= tops
     found = {}
+    generated = frozenset(generated_paths())
+    assert "tests/test_harness_equivalence.py" in generated  # not-a-reference
     for path in filter(is_text, files):
-        missing = dangling_references(path.read_text(encoding="utf-8", errors="replace"), path, tops)
+        missing = dangling_references(path.read_text(encoding="utf-8", errors="replace"), path, tops,
+                                      generated=generated)
         if missing:
             found[str(path.relative_to(ROOT))] = sorted(set(missing))
     assert found == {}, f"references to files that do not exist: {found}"
@@ -121,3 +140,7 @@ def test_the_checker_leaves_urls_home_paths_other_projects_and_module_names_alon
         "harness/gone.py, on a line that says not-a-reference\n"
     )
     assert dangling_references(text, ROOT / "docs" / "design.md", {"harness", "tests", "docs"}) == []
+    generated = "see tests/test_harness" + "_equivalence.py"  # split: this file names nothing missing
+    assert dangling_references(generated, ROOT / "README.md", {"tests"}) == ["tests/test_harness" + "_equivalence.py"]
+    assert dangling_references(generated, ROOT / "README.md", {"tests"},
+                               generated=frozenset(["tests/test_harness" + "_equivalence.py"])) == []

