@@ -20,9 +20,10 @@ from pathlib import Path
 import hcl2
 import pytest
 import yaml
-from test_workflows import (
+from test_workflows import (  # _tool: the linter, or a skip where the lint extra is absent (the images)
     BENCH_LABEL,
     GPU_LABEL,
+    _tool,
     expressions_in_run,
     permission_problems,
     ungated_pull_requests,
@@ -87,14 +88,6 @@ def _on(workflow: dict):
 
 
 # --- the linters: one call each over every generated file, and each shown failing ------------------------------
-
-
-def _tool(name: str) -> str:
-    """The linter beside this Python (the lint extra) or on PATH; the set-up installs them, so none is skipped."""
-    here = Path(sys.executable).parent / name
-    found = str(here) if here.exists() else shutil.which(name)
-    assert found, f"{name} is not installed: pip install the lint extra (keras-harness[lint])"
-    return found
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
