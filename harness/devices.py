@@ -88,7 +88,7 @@ def use_logical_devices(
         ValueError: bad ``count``/``device_type``/limits, or no such physical device.
         RuntimeError: TensorFlow is already initialised with another device layout.
 
-    Example:
+    Examples:
         >>> import harness
         >>> harness.use_logical_devices(2)
         ['/device:CPU:0', '/device:CPU:1']
@@ -143,7 +143,7 @@ def gpu_memory_limit_mb(total_mib: int, processes: int, devices: int) -> int:
     Raises:
         ValueError: a non-positive argument, or less than 256 MiB per logical GPU.
 
-    Example:
+    Examples:
         >>> gpu_memory_limit_mb(81559, processes=2, devices=3)  # an H100 80GB, pytest -n 2
         11892
     """
@@ -189,7 +189,7 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
         ValueError: bad counts or limit, or ``split_gpus`` > 0 where TensorFlow sees no GPU.
         RuntimeError: TensorFlow is already initialised with another device layout.
 
-    Example:
+    Examples:
         >>> layout = use_device_layout(4, split_gpus=3, gpu_memory_limit_mb=11892)  # a one-GPU machine
         >>> layout.gpus
         ('/device:GPU:0', '/device:GPU:1', '/device:GPU:2')

@@ -359,15 +359,22 @@ def compare_training(
 
     Args:
         build_model: returns a new, built Keras model (called twice; four times with ``reference``).
-        x, y: training data (arrays or nested structures of arrays).
-        devices, ratios, method, sync_batchnorm: as for ``parallelize``; ``method``
-            may also be a callable ``(template, devices, ratios) -> model`` to
+        x: training inputs (arrays or nested structures of arrays).
+        y: training targets (arrays or nested structures of arrays).
+        devices: as for ``parallelize``.
+        ratios: as for ``parallelize``.
+        method: as for ``parallelize``; may also be a callable ``(template, devices, ratios) -> model`` to
             check a parallel wrapper of your own. Its model must leave the
             trained weights in ``template``.
+        sync_batchnorm: as for ``parallelize``.
         batch_size: global batch size; a partial last batch is included.
         epochs: passes over the data.
         optimizer: a name, an optimizer (copied via its config) or a factory.
-        loss, loss_weights, metrics, sample_weight, class_weight: as for ``compile``/``fit``.
+        loss: as for ``compile``.
+        loss_weights: as for ``compile``.
+        metrics: as for ``compile``.
+        sample_weight: as for ``fit``.
+        class_weight: as for ``fit``.
         seed: seeds Keras before building the models.
         callbacks: Keras callbacks for the parallel run only, e.g. one that
             calls ``self.model.set_ratios(...)`` between steps.
@@ -396,8 +403,7 @@ def compare_training(
             run's distances from the float64 run and from ``build_model()`` trained on
             one device once more, in float32 (its policy), from the same weights, on the
             same batches with each batch's rows reversed (``floor_order``).
-
-    single_runs: a dict, empty at first, passed again to calls that train the same model on the same
+        single_runs: a dict, empty at first, passed again to calls that train the same model on the same
             data with the same options and differ only in ``devices``, ``ratios`` or ``method`` (the
             zoo's cases of one model): the single-device runs (float32, and float64 with
             ``reference``) are trained by the first call, kept in it and reused by the others. So is
@@ -896,9 +902,15 @@ def assert_equivalent(
 
     Args:
         build_model: returns a new, built Keras model.
-        x, y: training data.
-        devices, ratios, method: as for ``harness.parallelize``.
-        batch_size, epochs, optimizer, loss: the training run.
+        x: training inputs.
+        y: training targets.
+        devices: as for ``harness.parallelize``.
+        ratios: as for ``harness.parallelize``.
+        method: as for ``harness.parallelize``.
+        batch_size: the training run's global batch size.
+        epochs: the training run's passes over the data.
+        optimizer: the training run's optimizer (as for ``harness.compare_training``).
+        loss: the training run's loss.
         tol: the largest deviation accepted.
         reference: None, or ``"float64"`` (see above and ``harness.compare_training``).
         **kwargs: passed to ``harness.compare_training`` (``metrics``,
@@ -912,7 +924,7 @@ def assert_equivalent(
             reference, both runs' distances from it and the variables farthest from it).
         ValueError: ``reference`` not None or ``"float64"``.
 
-    Example:
+    Examples:
         >>> assert_equivalent(build, x, y, devices=logical_devices[:2], ratios=[3, 2])
         >>> assert_equivalent(build_cnn, x, y, devices=logical_devices[:2], ratios=[3, 2], reference="float64")
     """

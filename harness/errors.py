@@ -66,7 +66,7 @@ class Refused(HarnessError, ValueError):
     Raises:
         InvalidValue: ``reason`` is not a kebab-case id.
 
-    Example:
+    Examples:
         >>> err = Refused("custom-train-step", "method='mirrored' cannot train 'net': it has its own train_step")
         >>> err.reason, str(err)
         ('custom-train-step', "method='mirrored' cannot train 'net': it has its own train_step")

@@ -76,7 +76,7 @@ def split_batch(batch_size: int, ratios: Sequence[float]) -> tuple[int, ...]:
         TypeError: ``batch_size`` is not an int.
         ValueError: ``batch_size`` is negative or the ratios are invalid.
 
-    Example:
+    Examples:
         >>> split_batch(100, [768, 560])
         (58, 42)
         >>> split_batch(1000, [3, 2])

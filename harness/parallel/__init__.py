@@ -87,7 +87,7 @@ def parallelize(
         harness.errors.NotSupported: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``
             (a ``Refused`` and a ``NotImplementedError``).
 
-    Example:
+    Examples:
         >>> import harness, keras
         >>> devices = harness.use_logical_devices(2)
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -194,7 +194,7 @@ def multi_gpu_model(model, gpus, ratios=None, cpu_merge: bool = True, cpu_reloca
     Raises:
         ValueError: ``gpus`` below 2, more GPUs than present, bad ratios.
 
-    Example:
+    Examples:
         >>> parallel = harness.multi_gpu_model(model, gpus=[0, 1], ratios=[3, 2])
     """
     import tensorflow as tf

@@ -290,7 +290,7 @@ class BackupAndRestore(_BackingUp, keras.callbacks.Callback):
         RuntimeError: when training starts, if the workers read different
             checkpoints (naming each worker's epoch).
 
-    Example:
+    Examples:
         >>> cluster = harness.use_cluster()           # under `harness launch --workers 2 -- ...`
         >>> parallel = harness.parallelize(model, cluster, ratios=[3, 1])
         >>> parallel.compile(optimizer="adam", loss="mse")
@@ -311,7 +311,7 @@ def backup_class(k) -> type:
     Returns:
         ``BackupAndRestore`` itself for ``keras``, else a subclass of ``k.callbacks.Callback`` that does the same.
 
-    Example:
+    Examples:
         >>> import tf_keras
         >>> backup = backup_class(tf_keras)("/shared/run1/backup")
     """

@@ -61,7 +61,7 @@ def use_cluster(timeout_s: float = 60.0, devices: int | None = None) -> Cluster:
         ValueError: no or a bad ``TF_CONFIG`` (``harness.cluster.read_tf_config``), a timeout <= 0, a bad
             device count (naming it), more GPUs asked for than present.
 
-    Example:
+    Examples:
         >>> cluster = harness.use_cluster()           # under `harness launch --workers 2 -- ...`
         >>> parallel = harness.parallelize(model, cluster, ratios=[3, 1])
     """

@@ -186,7 +186,7 @@ class Rebalance(_Rebalancing, keras.callbacks.Callback):
     Raises:
         TypeError: when training starts, if the model is not a harness parallel model.
 
-    Example:
+    Examples:
         >>> parallel = harness.parallelize(model, 2, method="towers")
         >>> parallel.compile(optimizer="sgd", loss="mse")
         >>> rebalance = harness.Rebalance(every=20)
@@ -208,7 +208,7 @@ def rebalance_class(k) -> type:
     Returns:
         ``Rebalance`` itself for ``keras``, else a subclass of ``k.callbacks.Callback`` that does the same.
 
-    Example:
+    Examples:
         >>> import tf_keras
         >>> rebalance = rebalance_class(tf_keras)(every=20)
     """

@@ -63,9 +63,13 @@ def tune(
         global_batch: samples per step to split; None chooses it (most samples/s).
         method: ``"mirrored"`` or ``"towers"`` for the verification run.
         margin: fraction of each memory ceiling left free (fragmentation, other processes).
-        start, limit, tolerance, max_step_s: the ceiling search (see ``probe_device``);
+        start: the ceiling search's first batch size (see ``probe_device``).
+        limit: the ceiling search stops here even without running out of memory (see ``probe_device``);
             with ``global_batch`` no device is grown beyond it.
-        verify_seconds, verify_windows: timing of the verification runs.
+        tolerance: the ceiling search bisects until within this fraction of the ceiling (see ``probe_device``).
+        max_step_s: the ceiling search stops growing after a step this slow (see ``probe_device``).
+        verify_seconds: timing of the verification runs: seconds per window.
+        verify_windows: timing of the verification runs: windows per run.
         compare_even: also run the even split of the same global batch.
         seed: weights and data seed.
         on_event: called with a line of progress text.
@@ -82,7 +86,7 @@ def tune(
         ValueError: bad arguments, a device that runs out of memory at batch 1,
             or a global batch beyond what the devices hold together.
 
-    Example:
+    Examples:
         >>> devices = harness.use_logical_devices(2, inter_op_threads=4)
         >>> record = harness.tune("mnist_maxing", devices=devices, emulate=parse_emulate("1345:1100,875:700"))
         >>> record["choice"]["batches"]

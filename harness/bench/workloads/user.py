@@ -64,7 +64,8 @@ class Workload:
         accuracy: the metric ``goal`` is measured with (a name, a metric or a factory); default: from the loss
             (sparse categorical, categorical or binary accuracy; binary at threshold 0 for logits).
         goal: the accuracy on ``validation_data`` time to accuracy trains for, in (0, 1].
-        name, description: for the records.
+        name: for the records.
+        description: for the records.
 
     Raises:
         InvalidType: ``build``, ``data`` or ``validation_data`` not callable.
