@@ -41,7 +41,7 @@ __all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combina
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
 METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
 SPLITS = ("even", "ratio", "tuned")
-TUNED_MARGIN = 0.05  # the share of each memory ceiling the tuned split leaves free, as `harness tune`
+TUNED_MARGIN = 0.05  # as harness.bench.tuning.splits.TUNED_MARGIN (kept here for older commits, which lack it)
 
 
 @dataclass(frozen=True)
@@ -299,7 +299,7 @@ def setup_profiles() -> dict:
 
 
 def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, count: int) -> tuple[int, ...]:
-    """Per-device batches of the grid's global batch for ``count`` devices.
+    """Per-device batches of the grid's global batch for ``count`` devices (``_split``).
 
     ``even``: equal shares. ``ratio``: shares in proportion to each device's
     samples/s alone at the even share (what ``harness compare`` measures first;
@@ -309,28 +309,47 @@ def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, co
     Raises:
         NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
     """
-    from harness.bench.tuning.solver import StepModel, solve_split
-    from harness.split import split_batch
-
     if "error" in profiles:
         raise NotImplementedError(profiles["error"])
     rows = profiles["workloads"][workload][:count]
-    models = [StepModel(r["fixed_s"], r["per_sample_s"]) for r in rows]
-    batch = grid.batch(workload) * count
-    share = grid.batch(workload)
-    if split == "even":
-        batches = split_batch(batch, [1.0] * count)
-    elif split == "ratio":
-        batches = split_batch(batch, [m.samples_per_second(share) for m in models])
-    elif split == "tuned":
-        usable = [batch if r["ceiling"] is None else max(1, math.floor(r["ceiling"] * (1 - TUNED_MARGIN)))
-                  for r in rows]
-        if batch > sum(usable):
-            raise NotImplementedError(f"global batch {batch} exceeds the devices' usable memory {usable}")
-        batches = solve_split(models, usable, batch).batches
-    else:
+    return _within_ceilings(split, _split(split, grid.batch(workload) * count, rows, grid.batch(workload)), rows)
+
+
+def _split(split: str, batch: int, rows: list[dict], share: float) -> tuple[int, ...]:
+    """``batch`` split over the profiled devices ``rows`` by ``harness.bench.tuning.splits.split_batches`` (the
+    function ``harness compare`` and ``harness tune`` split with), ``ratio`` by each device's samples/s at ``share``.
+
+    The gate and bisect run these suites on older commits, whose harness has no ``splits`` module: there the same
+    arithmetic runs here (the fallback below).
+    """
+    from harness.bench.tuning.solver import StepModel, solve_split
+    from harness.split import split_batch
+
+    if split not in SPLITS:
         raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
-    return _within_ceilings(split, batches, rows)
+    models = [StepModel(r["fixed_s"], r["per_sample_s"]) for r in rows]
+    ratios = [m.samples_per_second(share) for m in models]
+    ceilings = [r["ceiling"] for r in rows]
+    try:
+        from harness.bench.tuning.splits import split_batches as shared
+    except ImportError:  # an older commit's harness
+        shared = None
+    if shared is not None:
+        from harness.errors import Refused
+
+        try:
+            return shared(split, batch, len(rows), ratios=ratios, models=models, ceilings=ceilings,
+                          margin=TUNED_MARGIN)
+        except Refused as err:
+            raise NotImplementedError(str(err)) from None
+    if split == "even":
+        return split_batch(batch, [1.0] * len(rows))
+    if split == "ratio":
+        return split_batch(batch, ratios)
+    usable = [batch if c is None else max(1, math.floor(c * (1 - TUNED_MARGIN))) for c in ceilings]
+    if batch > sum(usable):
+        raise NotImplementedError(f"global batch {batch} exceeds the devices' usable memory {usable}")
+    return solve_split(models, usable, batch).batches
 
 
 def _within_ceilings(split: str, batches, rows) -> tuple[int, ...]:
@@ -503,24 +522,15 @@ def convergence_batches(grid: BenchGrid, profiles: dict, workload: str, split: s
         NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
         ValueError: a split other than even and ratio.
     """
-    from harness.bench.tuning.solver import StepModel
-    from harness.split import split_batch
-
     if "error" in profiles:
         raise NotImplementedError(profiles["error"])
     if workload not in profiles["workloads"]:
         raise NotImplementedError(f"no device profile of {workload!r}; profiled: {sorted(profiles['workloads'])}")
     rows = profiles["workloads"][workload][:count]
     batch = grid.convergence_batch[workload]
-    if split == "even":
-        batches = split_batch(batch, [1.0] * count)
-    elif split == "ratio":
-        share = batch / count
-        batches = split_batch(batch, [StepModel(r["fixed_s"], r["per_sample_s"]).samples_per_second(share)
-                                      for r in rows])
-    else:
+    if split not in ("even", "ratio"):
         raise ValueError(f"a convergence split is even or ratio; got split={split!r}")
-    return _within_ceilings(split, batches, rows)
+    return _within_ceilings(split, _split(split, batch, rows, batch / count), rows)
 
 
 def convergence_goal(grid: BenchGrid, workload: str):

@@ -69,7 +69,7 @@ def _precheck(args) -> None:
 
 def run(args) -> int:
     from harness.bench.calibrate import calibrate
-    from harness.cli.run import Output
+    from harness.bench.console import Output
 
     _precheck(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

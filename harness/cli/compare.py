@@ -36,8 +36,8 @@ import json
 import sys
 from pathlib import Path
 
+from harness.bench.console import Output
 from harness.cli import options
-from harness.cli.run import Output
 from harness.errors import InvalidValue
 from harness.parallel import METHODS as PARALLEL_METHODS
 
@@ -49,7 +49,7 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_common(p, seconds=1.5, windows=3)
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
-    p.add_argument("--ratios", nargs="+", type=float, metavar="R",
+    p.add_argument("--ratios", nargs="+", type=options.ratio, metavar="R",
                    help="ratio split to compare (default: the devices' measured single-device samples/s)")
     p.add_argument("--methods", nargs="+", choices=PARALLEL_METHODS, default=list(PARALLEL_METHODS),
                    help="parallel methods to compare (default both)")
@@ -90,17 +90,16 @@ def run(args) -> int:
     if args.workers is not None or args.devices_per_worker is not None:
         return _compare_cluster(args)
     from harness.bench.runner import RunConfig
-    from harness.split import split_batch, validate_ratios
+    from harness.bench.tuning.splits import split_batches
 
     options.check_common(args)
     if args.batch is not None and args.batch < 1:
         raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
-    if args.ratios is not None:
-        validate_ratios(args.ratios, len(args.ratios))
     setup = options.setup_devices(args)
     n = len(setup.devices)
-    if args.ratios is not None:
-        validate_ratios(args.ratios, n)
+    if args.ratios is not None and len(args.ratios) != n:  # each value was checked by argparse (options.ratio)
+        raise InvalidValue(f"--ratios needs one ratio per device ({n}: {', '.join(setup.devices)}); got "
+                           f"{len(args.ratios)}: {' '.join(f'{r:g}' for r in args.ratios)}")
     size = options.default_size(args, setup)
     batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
     if batch < n:
@@ -135,7 +134,7 @@ def run(args) -> int:
             measure(f"{name} keras", RunConfig(args.model, size, "keras", first.devices, (batch,), **whole), total)
         ratios, source = _ratio_split(args, solo)
         out.record["ratio_source"] = source
-        splits = [("even", split_batch(batch, [1.0] * n)), ("ratio", split_batch(batch, ratios))]
+        splits = [(kind, split_batches(kind, batch, n, ratios=ratios)) for kind in ("even", "ratio")]
         if not args.no_tune:
             splits.append(("tuned", _tuned_split(args, setup, size, batch, out)))
         for name, split in splits:
@@ -199,10 +198,11 @@ def _warn_host_bound(rows: list[dict]) -> None:
 
 
 def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | None:
-    """``harness tune``'s split of ``batch``: profile each device alone, then solve."""
+    """``harness tune``'s split of ``batch``: profile each device alone, then ``splits.split_batches("tuned")``."""
     from harness.bench import workloads
-    from harness.bench.tuning.solver import solve_split
-    from harness.bench.tuning.tuner import host_bound_entries, profile_devices, usable_ceilings
+    from harness.bench.tuning.splits import TUNED_MARGIN, split_batches, usable_ceilings
+    from harness.bench.tuning.tuner import host_bound_entries, profile_devices
+    from harness.errors import Refused
 
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
     specs = setup.emulate or [None] * len(setup.devices)
@@ -211,28 +211,30 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
                                       seed=args.seed, on_event=quiet)
     for probe, _ in probes:
         probe.release()
-    ceilings = usable_ceilings(probes, 0.05)
-    out.record["tuning"] = {"devices": records, "usable_ceilings": ceilings,
+    ceilings = [probe.ceiling for probe, _ in probes]
+    out.record["tuning"] = {"devices": records, "usable_ceilings": usable_ceilings(ceilings, batch, TUNED_MARGIN),
                             "host_bound": host_bound_entries({"devices": records})}
     if out.record["tuning"]["host_bound"]:
         from harness.emulate import host_bound_text
 
         text = host_bound_text(out.record["tuning"]["host_bound"])
         print(f"harness compare: warning: tuned split's profiles: {text}", file=sys.stderr)
-    if batch > sum(ceilings):
-        out.record["tuning"]["error"] = (f"global batch {batch} exceeds the devices' memory together "
-                                         f"({sum(ceilings)}): no tuned split")
+    try:
+        split = split_batches("tuned", batch, len(ceilings), models=[fit.model for _, fit in probes],
+                              ceilings=ceilings)
+    except Refused as err:
+        out.record["tuning"]["error"] = str(err)
         out.say(out.record["tuning"]["error"])
         return None
-    split = solve_split([fit.model for _, fit in probes], ceilings, batch)
-    out.record["tuning"]["split"] = split.to_json()
-    return split.batches
+    out.record["tuning"]["split"] = {"batches": list(split)}
+    return split
 
 
 def _compare_cluster(args) -> int:
     """``--workers N``: each row one run across the cluster (``harness.cli.run.cluster_plan``)."""
     from harness.bench.cluster_run import stock_keras_name
-    from harness.cli.run import cluster_plan, execute_cluster
+    from harness.bench.console import execute_cluster
+    from harness.cli.run import cluster_plan
 
     if args.rebalance < 1:
         raise InvalidValue(f"--rebalance must be >= 1 (steps per measurement); got {args.rebalance}")
@@ -281,7 +283,7 @@ def _compare_cluster(args) -> int:
 
 
 def _execute(config, setup, out):
-    from harness.cli.run import execute
+    from harness.bench.console import execute
 
     return execute(config, setup, out, prefix="  ", compact=True)
 

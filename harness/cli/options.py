@@ -33,6 +33,21 @@ class DeviceSetup:
     note: str = ""
 
 
+def ratio(text: str) -> float:
+    """An argparse type: one ``--ratios`` entry, a positive finite number (the one check of each value; the count is
+    checked against the devices once they are known)."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"a ratio must be a positive finite number; got {text!r}")
+    return value
+
+
 def add_common(p, *, seconds: float, windows: int) -> None:
     """Adds the model, device, timing and output options to a subcommand parser."""
     p.add_argument("--model", default="mnist_maxing", metavar="NAME",
@@ -153,13 +168,3 @@ def _cpu_id(device: str) -> int:
 
 def default_size(args, setup: DeviceSetup) -> str:
     return args.size or ("full" if setup.kind == "GPU" else "tiny")
-
-
-def telemetry_for(setup: DeviceSetup):
-    """A started NVML sampler for GPU devices, else None."""
-    if setup.kind != "GPU":
-        return None
-    from harness.bench.nvml import TelemetrySampler
-    from harness.bench.runner import gpu_index
-
-    return TelemetrySampler([i for i in (gpu_index(d) for d in setup.devices) if i is not None]).start()

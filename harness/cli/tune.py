@@ -22,6 +22,7 @@ import json
 import sys
 from pathlib import Path
 
+from harness.bench.tuning.splits import TUNED_MARGIN
 from harness.cli import options
 from harness.errors import InvalidValue
 from harness.parallel import METHODS as PARALLEL_METHODS
@@ -39,8 +40,8 @@ def add_parser(subparsers) -> None:
                       help="choose the global batch too: the most samples/s within the ceilings (default)")
     p.add_argument("--method", choices=PARALLEL_METHODS, default="mirrored",
                    help="method of the verification runs (default mirrored)")
-    p.add_argument("--margin", type=float, default=0.05,
-                   help="fraction of each memory ceiling left free (default 0.05)")
+    p.add_argument("--margin", type=float, default=TUNED_MARGIN,
+                   help=f"fraction of each memory ceiling left free (default {TUNED_MARGIN:g})")
     p.add_argument("--start-batch", type=int, default=32, metavar="B", help="first batch tried (default 32)")
     p.add_argument("--max-batch", type=int, default=8192, metavar="B",
                    help="stop growing here without an out-of-memory (default 8192)")
@@ -122,7 +123,7 @@ def _warn_host_bound(result: dict) -> None:
 
 
 def options_output(args, setup, size):
-    from harness.cli.run import Output
+    from harness.bench.console import Output
 
     return Output(args, "tune", {"model": args.model, "size": size, "devices": list(setup.devices),
                                  "device_kind": setup.kind, "global_batch": args.global_batch,

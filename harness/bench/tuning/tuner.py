@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from harness.bench.tuning.splits import TUNED_MARGIN
 from harness.errors import InvalidValue
 
 __all__ = ["tune", "efficiency", "profile_devices", "usable_ceilings", "host_bound_entries"]
@@ -40,7 +41,7 @@ def tune(
     emulate=None,
     global_batch: int | None = None,
     method: str = "mirrored",
-    margin: float = 0.05,
+    margin: float = TUNED_MARGIN,
     start: int = 32,
     limit: int = 8192,
     tolerance: float = 0.03,
@@ -196,8 +197,10 @@ def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence
 
 
 def usable_ceilings(probes, margin: float) -> list[int]:
-    """Each probed ceiling less the margin (at least 1)."""
-    return [max(1, math.floor(probe.ceiling * (1 - margin))) for probe, _ in probes]
+    """Each probed ceiling less the margin (at least 1): ``splits.usable_ceilings`` of the probes."""
+    from harness.bench.tuning.splits import usable_ceilings as usable
+
+    return usable([probe.ceiling for probe, _ in probes], unbounded=1, margin=margin)
 
 
 def _stop_text(probe) -> str:
