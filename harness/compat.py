@@ -144,7 +144,7 @@ def releasing_traced_graphs() -> Iterator[None]:
     of the process. Keras' optimizers all-reduce the gradients through one in every traced train
     step (``ReplicaContext.all_reduce``, TF 2.12-2.21, also without a strategy), and the function
     holds the step's gradient tensors, so each traced step's whole graph stays in memory: about
-    0.5 GB per zoo model in a process that trains many models (issue 15). Names registered inside
+    0.5 GB per zoo model in a process that trains many models. Names registered inside
     the block are removed at its end; the models trained there are not differentiated through
     again. A TensorFlow without that registry is left alone.
     """

@@ -12,7 +12,7 @@ carries the device's finish: its gradient is the emulator's exact zero, computed
 once the backward pass reaches the input (its first floating-point input), so the
 step waits for the emulated device as harness' own steps do (``harness.emulate``).
 No gradient reaches an integer input (token ids): a model whose inputs are all
-integers cannot be emulated so (before issue 32 it ran at the host's speed, its
+integers cannot be emulated so (it would run at the host's speed, its
 devices 0% busy), and ``stock_model`` refuses it (``STOCK_INTEGER_INPUTS``). Keras' optimizer
 all-reduces that zero with the other gradients; the scalar stays 0. Nothing else
 of Keras' step changes. The wrapper is of the model's own Keras (``emulated_class(k)``):

@@ -1,4 +1,4 @@
-"""Bisection: the first commit between GOOD and BAD that moved one benchmark (issue 19).
+"""Bisection: the first commit between GOOD and BAD that moved one benchmark.
 
 A probe counts as **moved** when it is worse than GOOD by more than the
 threshold ``max(factor, 1 + NOISE_K * noise)``, the noise measured from GOOD's

@@ -54,7 +54,7 @@ def _cross_device_ops(devices: tuple[str, ...]):
 
     Logical CPU devices share the host's cores and memory: collective all-reduce runs its
     ring through copies (22 ms a step for 4.7 M float32 gradients on 2 cores, against 5 ms
-    for an add on one device; issue 16), where a reduction to one device adds in place.
+    for an add on one device), where a reduction to one device adds in place.
     """
     if all(tf.DeviceSpec.from_string(d).device_type == "CPU" for d in devices):
         return tf.distribute.ReductionToOneDevice(reduce_to_device=devices[0])

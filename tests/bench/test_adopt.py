@@ -1,4 +1,4 @@
-"""``harness init`` in another repository, end to end (issue 32).
+"""``harness init`` in another repository, end to end.
 
 A throw-away git repository outside harness' tree holds ``digits``, a package with a Keras model module
 written for this test in keras-io's style ("Simple MNIST convnet", without Dropout), and three commits:

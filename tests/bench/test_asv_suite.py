@@ -1,4 +1,4 @@
-"""The asv suite runs (issue 5): ``asv check`` and one cheap combination of every benchmark.
+"""The asv suite runs: ``asv check`` and one cheap combination of every benchmark.
 
 ``HARNESS_BENCH_GRID=smoke`` is the ci grid's parameters with the shortest
 timings; ``--bench`` regexes pick parameter combinations (asv matches them

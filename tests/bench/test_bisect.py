@@ -1,4 +1,4 @@
-"""``harness bisect`` on a planted regression (issue 19): a throw-away repository of eleven commits.
+"""``harness bisect`` on a planted regression: a throw-away repository of eleven commits.
 
 Commit 6 of the first ten makes ``gatedemo.work()`` 30% slower (20 ms -> 26 ms of
 sleep, far above sleep jitter on a busy host); the others change nothing the

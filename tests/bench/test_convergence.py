@@ -1,4 +1,4 @@
-"""Time to accuracy (issue 19, item 4): figures, grids, and a planted convergence bug the gate flags.
+"""Time to accuracy: figures, grids, and a planted convergence bug the gate flags.
 
 Seed 001 (docs/background.md): two GPUs that train at full speed and reach half the
 accuracy. The throughput suite cannot see that; ``benchmarks/convergence.py`` can. The
@@ -166,7 +166,7 @@ def _accuracy_at(run: dict, step: int) -> float:
     pytest.param(("mirrored", "ratio", 3), id="mirrored-ratio-3", marks=pytest.mark.slow),
 ])
 def test_a_wrongly_scaled_loss_is_flagged_by_time_to_accuracy(combination, keras3):
-    # issue 19 (done when): a training change that halves the accuracy while keeping samples/s is flagged.
+    # A training change that halves the accuracy while keeping samples/s is flagged.
     # The bug is planted in the Keras 3 adapter (harness.parallel.adapters.keras3): Keras 3 only.
     code = _PLANTED.format(root=str(ROOT), combination=combination)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}

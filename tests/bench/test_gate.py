@@ -1,4 +1,4 @@
-"""The regression gate on planted regressions (issues 5 and 19): a throw-away repository with a tiny package.
+"""The regression gate on planted regressions: a throw-away repository with a tiny package.
 
 Commits: the original, an unchanged copy (README only), a 30% slower one, one whose
 benchmark raises, and a 45% slower one. ``harness bench-compare`` must exit 0 on
@@ -47,7 +47,7 @@ def test_gate_passes_an_unchanged_pair(planted):
 
 @pytest.mark.extended
 def test_gate_passes_five_a_a_runs_of_one_commit(planted):
-    # Issue 19: the same commit against itself, five times: never a regression (the gate's false alarms on
+    # The same commit against itself, five times: never a regression (the gate's false alarms on
     # a shared runner; TorchBench moved its threshold from 10% to 30% for per-model noise of 5-9%).
     repo, commits = planted
     for _ in range(5):

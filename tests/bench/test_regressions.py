@@ -1,4 +1,4 @@
-"""``harness regressions`` on synthetic asv histories (issue 19, item 1).
+"""``harness regressions`` on synthetic asv histories.
 
 Each history is a real git repository of 50 empty commits (one a day) and real
 asv result files for them (tests/bench/asv_history.py writes them with asv's

@@ -1,4 +1,4 @@
-"""harness.suites in another repository (issue 32): asv runs the thin subclasses ``harness init`` writes.
+"""harness.suites in another repository: asv runs the thin subclasses ``harness init`` writes.
 
 A throw-away git repository holds a package with a small Keras 3 model (``userdemo``), a
 ``harness.toml`` naming two workloads (``classifier``: a build function; ``learner``: a

@@ -2,7 +2,7 @@
 
 Every stock strategy starts its collective group keys at 1; harness' did too
 for its first device set, so whichever trained second aborted with "Shape
-mismatch in the collective instance 100" (issue 16). The bad case is
+mismatch in the collective instance 100". The bad case is
 reproduced by giving harness' strategy the stock key base: the same script then
 fails. On CPU devices harness' strategies sum through one device (no collective
 keys at all); the scripts force TensorFlow's collectives, what GPUs use, and

@@ -5,7 +5,7 @@ Written once: the ``any_keras`` fixture runs every test on Keras 3 and on Keras 
 start over 2 epochs of 45 samples at batch 20 (a partial last batch of 5) with ratios [1, 3], and
 asserts the same weights, optimizer state and epoch losses within 1e-6.
 
-What each case guarded against (issue 15):
+What each case guarded against:
 - Embedding (sparse IndexedSlices gradients): mirrored raised a bare AssertionError.
 - two outputs with a list of losses and loss weights: mirrored raised "Mixing different
   tf.distribute.Strategy objects" (Keras 3's per-output loss metrics were updated inside replicas).

@@ -150,7 +150,7 @@ def _resplit(k, schedule):
 @pytest.mark.parametrize("model", ["dense", "cnn_bn"])
 @pytest.mark.parametrize("method", METHODS)
 def test_changing_ratios_mid_training_stays_exact(logical_devices, any_keras, method, model):
-    # Issue 4 (Rebalance): a re-split between steps must leave every step the single-device step.
+    # Rebalance: a re-split between steps must leave every step the single-device step.
     k = any_keras
     x, y, sample_weight = small.make_data(model, 61)
     resplit = _resplit(k, [[5, 3, 2], [1, 1, 8], [1, 3, 1], [1000, 1, 1]])

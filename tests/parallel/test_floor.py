@@ -1,4 +1,4 @@
-"""The rounding judge fails on planted defects and passes a chaotic but correct net (issue 31, point 2).
+"""The rounding judge fails on planted defects and passes a chaotic but correct net.
 
 ``compare_training(reference="float64")`` measures the model's rounding floor (a second
 single-device float32 run, each batch's rows reversed) and trains the parallel model in float64

@@ -1,4 +1,4 @@
-"""Mirrored replicas compute their own rows' loss where it decomposes, and gather where it does not (issue 16).
+"""Mirrored replicas compute their own rows' loss where it decomposes, and gather where it does not.
 
 Gathering every replica's predictions into the whole batch costs an
 all-reduce of the whole batch's outputs per replica; a Keras built-in loss

@@ -45,7 +45,7 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
     pytest.param(2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"], marks=pytest.mark.extended),
     (2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"]),  # the split tuned while it trains
-    # Issue 30: optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
+    # Optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
     pytest.param(2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"],
                  marks=pytest.mark.extended),
     (2, None, ["dense", "3:1", "62", "20", "--optimizer",

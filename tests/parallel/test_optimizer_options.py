@@ -1,4 +1,4 @@
-"""The optimizer settings people train with step a parallel model as they step one device (issue 30).
+"""The optimizer settings people train with step a parallel model as they step one device.
 
 Keras 3 clips each replica's *partial* gradient before its cross-replica sum, and its gradient
 accumulation and EMA call ``merge_call`` inside a ``cond`` (a RuntimeError in a replica). harness

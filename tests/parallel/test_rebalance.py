@@ -1,4 +1,4 @@
-"""Online rebalancing (issue 4): a throttled emulated device, with and without ``Rebalance``.
+"""Online rebalancing: a throttled emulated device, with and without ``Rebalance``.
 
 Two emulated devices at 1000 samples/s share a batch of 400 evenly; from step 7
 device 1 runs at 400. Without rebalancing it sets the pace (200 samples per

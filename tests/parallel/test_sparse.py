@@ -1,4 +1,4 @@
-"""Sparse gradients get the single device's rows, for any lookup shape (issue 30; docs/design.md, "Sparse gradients").
+"""Sparse gradients get the single device's rows, for any lookup shape (docs/design.md, "Sparse gradients").
 
 Keras 3's Adam-family optimizers and ``clipnorm`` act on an ``IndexedSlices`` gradient's rows, so a
 parallel step is exact only with one device's rows: one row per looked-up id of each sample where

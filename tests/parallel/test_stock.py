@@ -1,4 +1,4 @@
-"""The stock baseline beside harness: Keras fit under a stock MirroredStrategy, run and checked (issue 16).
+"""The stock baseline beside harness: Keras fit under a stock MirroredStrategy, run and checked.
 
 ``harness check --methods keras`` reports how far stock training lands from
 one device and never fails for it (it is the baseline); ``harness run
@@ -28,7 +28,7 @@ def test_check_reports_the_stock_baseline_without_failing_for_it(tmp_path):
 
 
 def test_check_says_why_stock_keras_drifts_with_each_cause_measured(tmp_path, keras3):
-    """Issue 30: stock Keras clips each replica's partial gradient; harness check names it and the drift left
+    """Stock Keras clips each replica's partial gradient; harness check names it and the drift left
     without it (the guard: a drift without a measured or named cause is reported as unexplained). Keras 3's
     fit: TF 2.15's Keras 2 fit clips the summed gradient (its stock baseline is exact here)."""
     done = run_harness(["check", "--methods", "keras", "mirrored", "--models", "dense", "--logical-cpus", "2",

@@ -64,7 +64,7 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
 
 
 def test_tune_beyond_the_host_says_host_bound_and_recommends_nothing(tmp_path, emulation):
-    # The guard's bad case (issue 14: `harness tune --emulate 40000,20000` on this host): rates eight and
+    # The guard's bad case (`harness tune --emulate 40000,20000` on this host): rates eight and
     # four times what this host computes. Nothing is presented as the emulated devices' performance.
     fast, slow = round(8 * emulation.sustained), round(4 * emulation.sustained)
     done = run_harness(["tune", "--emulate", f"{fast},{slow}", "--max-batch", "256", "--max-step-s", "0.2",

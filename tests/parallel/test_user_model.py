@@ -1,4 +1,4 @@
-"""A user's own model as a workload, end to end (issue 32; docs/user-models.md).
+"""A user's own model as a workload, end to end (docs/user-models.md).
 
 The models are written to files as a user writes them (keras-io's text classifier: an Embedding and a
 small CNN; a tf_keras model with a dict of inputs; a harness.Workload with real data and a goal) and given
@@ -171,7 +171,7 @@ def test_run_trains_the_users_model_end_to_end(models, tmp_path):
 
 def test_run_with_real_data_on_an_uneven_split(models, tmp_path):
     """``--data`` gives real batches (a dataset of full batches). An Embedding under an uneven split of a dataset's
-    batches failed before (issue 32): the step's lookups were all taken for batch-independent (sparse.py)."""
+    batches failed before: the step's lookups were all taken for batch-independent (sparse.py)."""
     for method in ("mirrored", "towers"):
         done = run_harness(["run", "--model", f"{models}/text_cnn.py:build", "--data", f"{models}/text_cnn.py:data",
                             "--logical-cpus", "2", "--batches", "40", "24", "--method", method, "--seconds", "0.3",
@@ -323,7 +323,7 @@ def test_time_to_accuracy_trains_on_the_workloads_data_for_its_goal(logical_devi
     assert result.final_accuracy >= 0.9
 
 
-# -- the sparse rows of a dataset's steps (found by issue 32's text model) ------------------------------------
+# -- the sparse rows of a dataset's steps (found by the text model above) ------------------------------------
 
 def _lookup_model(k):
     import tensorflow as tf

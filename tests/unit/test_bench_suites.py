@@ -1,4 +1,4 @@
-"""The asv suites' fixtures without TensorFlow: grid choice, skipped combinations, splits (issue 5)."""
+"""The asv suites' fixtures without TensorFlow: grid choice, skipped combinations, splits."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_importing_the_suites_imports_no_tensorflow():
 
 def test_discovering_the_suites_needs_no_harness_module_newer_than_the_runner():
     # The gate's and bisect's existing mode run this checkout's benchmarks against older commits' harness
-    # (issue 19): a module-level import of a newer harness module (benchmarks/common.py once imported
+    #: a module-level import of a newer harness module (benchmarks/common.py once imported
     # harness.bench.convergence for its Goal) makes discovery fail on every commit before that module.
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
             "import harness.bench.runner\n"

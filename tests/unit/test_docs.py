@@ -1,6 +1,6 @@
 """Every repository path the code and the docs name exists.
 
-Issue 17 found a design document cited in five files that the repository did not have. A
+A review once found a design document cited in five files that the repository did not have. A
 reference is a path that starts with one of the repository's top-level directories
 (``harness/bench/runner.py``, ``docs/design.md``, ``tests/unit/``, and without an extension
 only in backticks: ``docker/Dockerfile``) or an upper-case Markdown name (``README.md``). Left
@@ -144,3 +144,22 @@ def test_the_checker_leaves_urls_home_paths_other_projects_and_module_names_alon
     assert dangling_references(generated, ROOT / "README.md", {"tests"}) == ["tests/test_harness" + "_equivalence.py"]
     assert dangling_references(generated, ROOT / "README.md", {"tests"},
                                generated=frozenset(["tests/test_harness" + "_equivalence.py"])) == []
+
+
+_ISSUE_NUMBER = re.compile(r"\bissues? \d+\b", re.IGNORECASE)  # the project's own issues are not public
+
+
+def internal_issue_numbers(text: str) -> list[str]:
+    """The lines of ``text`` that cite one of the project's own issues by number (``owner/repo#N`` is fine)."""
+    return [line.strip() for line in text.splitlines() if _ISSUE_NUMBER.search(line)]
+
+
+def test_no_internal_issue_numbers(files):
+    found = {str(p.relative_to(ROOT)): internal_issue_numbers(p.read_text(encoding="utf-8", errors="replace"))
+             for p in filter(is_text, files)}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_issue_number_check_fails_on_one():
+    planted = "# the split (issue " + "19) is validated once"
+    assert internal_issue_numbers(planted) == [planted] and internal_issue_numbers("keras-team/keras#19005") == []

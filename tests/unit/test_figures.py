@@ -1,4 +1,4 @@
-"""scripts/figures: every measured figure it regenerates is a stamped block naming its command (issue 31, point 5)."""
+"""scripts/figures: every measured figure it regenerates is a stamped block naming its command."""
 
 import importlib.machinery
 import importlib.util

@@ -1,6 +1,6 @@
 """The plugin's GPU rules, checked without a GPU: memory limits, skip reasons, the device fixtures.
 
-Issue 15, point 4 (GPU part): multi_gpu tests run wherever there is a GPU (one GPU is split into
+multi_gpu tests run wherever there is a GPU (one GPU is split into
 logical GPUs), skip only without one, and a GPU test process sets its devices up before its first
 test. The GPU code path itself (TensorFlow splitting a real GPU) runs only on GPU runners
 (tests/zoo/test_zoo_gpu.py); here the driver's GPU count is monkeypatched and, in the inner pytest

@@ -48,6 +48,6 @@ def test_plugin_markers_are_registered(pytestconfig):
     markers = "\n".join(pytestconfig.getini("markers"))
     for name in ("gpu", "multi_gpu", "slow", "docker", "zoo", "timing", "extended"):
         assert f"{name}:" in markers
-    # issue 15: a single GPU is split, so multi_gpu tests skip only without a GPU
+    # a single GPU is split, so multi_gpu tests skip only without a GPU
     assert "multi_gpu: runs on the gpu_devices fixture's 2+ GPU devices" in markers
     assert "one GPU split into logical GPUs (skipped without a GPU)" in markers

@@ -1,4 +1,4 @@
-"""README.md is the front door and the documentation site holds the depth (issue 33, parts 1 and 2).
+"""README.md is the front door and the documentation site holds the depth.
 
 The README stays short: at most 200 lines, with install, the two quick-start commands and a Python example of
 the API in its first screenful, and links into docs/ that exist. The site (mkdocs.yml, docs/) builds with

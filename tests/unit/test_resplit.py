@@ -1,4 +1,4 @@
-"""The rebalancing rule (issue 4): new ratios from measured busy times, without TensorFlow."""
+"""The rebalancing rule: new ratios from measured busy times, without TensorFlow."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``harness run --workers N`` (issue 18): options checked before any worker starts, the parent's merging of the
+"""``harness run --workers N``: options checked before any worker starts, the parent's merging of the
 workers' windows, and one 2-worker loopback run end to end (tests/unit: the parent imports no TensorFlow; the
 end-to-end run starts two TensorFlow worker processes)."""
 

@@ -1,5 +1,5 @@
 """The skip check of CI: ``pytest --skip-report`` records each skip's reason, ``scripts/check-skips`` holds them
-against ``.ci/skip-allowlist`` and fails on a reason it does not list (issue 31: CI that fails on a missing install).
+against ``.ci/skip-allowlist`` and fails on a reason it does not list (CI that fails on a missing install).
 """
 
 from __future__ import annotations

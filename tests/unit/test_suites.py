@@ -1,4 +1,4 @@
-"""harness.suites without TensorFlow (issue 32): a project's asv suites take their params from its configuration.
+"""harness.suites without TensorFlow: a project's asv suites take their params from its configuration.
 
 Each test writes a tiny project (harness.toml or pyproject.toml, and the thin benchmark module
 ``harness init`` writes) in a temporary folder and imports the module: the subclasses find the

@@ -1,4 +1,4 @@
-"""A user's model as a workload (issue 32): references, the harness.Workload spec, inferred batches, bad specs.
+"""A user's model as a workload: references, the harness.Workload spec, inferred batches, bad specs.
 
 Everything here runs without TensorFlow: references are looked up by importing the user's module (the
 files written here import nothing heavy), and the inference rules work on the adapters' description

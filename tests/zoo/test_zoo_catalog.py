@@ -1,6 +1,6 @@
 """The model zoo itself: what the catalog holds, each entry builds and trains, and how rows read.
 
-Issue 15, point 4 (model-zoo conformance): at least 20 real architectures at CPU size from public
+Model-zoo conformance: at least 20 real architectures at CPU size from public
 definitions, every epoch ending on a partial batch, on Keras 3 and on Keras 2 where they apply.
 """
 
@@ -174,7 +174,7 @@ def test_json_has_no_nan_and_marks_failures():
     assert data["rows"][3]["reference_parallel"] == 1.2e-5
 
 
-# -- the optimizer axis (issue 30) ------------------------------------------------------------------------
+# -- the optimizer axis ------------------------------------------------------------------------
 
 def test_the_optimizer_axis_holds_every_built_in_optimizer_of_each_generation(keras3, keras2):
     """Every optimizer class either Keras exports (but the wrappers, checked as options) is on the axis, and

@@ -1,4 +1,4 @@
-"""``harness check --zoo``: the conformance table from the command line (issue 15, point 4)."""
+"""``harness check --zoo``: the conformance table from the command line."""
 
 import json
 import os
@@ -39,7 +39,7 @@ def test_unknown_zoo_model_is_rejected_by_argparse(capsys):
 
 
 def test_check_zoo_runs_the_optimizer_axis_alone_when_it_is_chosen(tmp_path, keras3):
-    """Issue 30: ``--zoo-optimizers``/``--zoo-options``/``--zoo-axis-models`` alone run the optimizer axis only,
+    """``--zoo-optimizers``/``--zoo-options``/``--zoo-axis-models`` alone run the optimizer axis only,
     one row per optimizer/option, with its own column. The CLI's default generation, Keras 3 (its pinned exact
     outcomes): skipped where the keras package is Keras 2 (the CLI refuses ``--keras 3`` there)."""
     args = ["check", "--zoo", "--zoo-axis-models", "mlp", "--zoo-optimizers", "adam", "sgd", "--zoo-options",
@@ -65,7 +65,7 @@ def test_unknown_axis_option_is_rejected_by_argparse(capsys):
 
 @pytest.mark.extended
 def test_pin_outcomes_writes_the_pins_and_a_missed_pin_fails(tmp_path, keras3):
-    """Issue 31: ``--pin-outcomes`` pins what the cases came out as; a case that then misses its pin exits 1."""
+    """``--pin-outcomes`` pins what the cases came out as; a case that then misses its pin exits 1."""
     pins = tmp_path / "pins.json"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HARNESS_RESULTS_DIR": str(tmp_path),
            "HARNESS_ZOO_PINS": str(pins)}

@@ -1,6 +1,6 @@
 """Model-zoo conformance: each architecture trained in parallel lands where one device does.
 
-Issue 15, point 4; issue 31, point 1. Every case is ``harness.compare_training(...,
+Every case is ``harness.compare_training(...,
 reference="float64")``, and every case has a pinned outcome (harness/bench/zoo/outcomes.json,
 written by ``harness check --zoo --pin-outcomes``): exact, as accurate as one device, or refused
 with a reason id. A row that misses its pin is a FAIL row (an exact model refused, a refusal for
@@ -74,7 +74,7 @@ def test_whole_zoo_conforms(logical_devices, generation, name):
     _assert_conforms(rows, must_refuse=entry.must_refuse)
 
 
-# -- the optimizer axis (issue 30): every built-in optimizer x the options people train with ------------
+# -- the optimizer axis: every built-in optimizer x the options people train with ------------
 
 def _axis_fast(generation: str) -> list[tuple[str, str, str]]:
     from harness.bench.zoo import optimizers

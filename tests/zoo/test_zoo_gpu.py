@@ -1,6 +1,6 @@
 """Model-zoo conformance on GPUs: the cases of test_zoo_conformance, on the gpu_devices fixture.
 
-Issue 15, point 4: on GPU runners the zoo runs on GPUs too, where cuBLAS/cuDNN kernels (and
+On GPU runners the zoo runs on GPUs too, where cuBLAS/cuDNN kernels (and
 TensorFloat-32) sum in other orders than the CPU does. Each case must conform exactly as on
 logical CPUs (``_assert_conforms``: a passing verdict or a refusal naming its reason, never FAIL).
 The devices are the physical GPUs, or on a one-GPU runner GPU 0 split into three logical GPUs
@@ -76,7 +76,7 @@ AXIS_GPU = [("mlp", "adam", "global_clipnorm"), ("mlp", "sgd", "clipnorm"), ("ml
 
 @pytest.mark.parametrize(("model", "optimizer", "option"), AXIS_GPU, ids=["-".join(c) for c in AXIS_GPU])
 def test_optimizer_axis_conforms_on_gpus(gpu_devices, model, optimizer, option):
-    """Issue 30: the optimizer steps once on the whole gradient on GPUs too (NCCL sums where TensorFlow picks it)."""
+    """The optimizer steps once on the whole gradient on GPUs too (NCCL sums where TensorFlow picks it)."""
     devices = _devices_for("3:2", gpu_devices)
     _keras("3")
     rows = zoo.run_optimizer_axis([model], [optimizer], [option], keras="3", devices=devices)

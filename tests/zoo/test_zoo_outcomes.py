@@ -1,4 +1,4 @@
-"""Pinned zoo outcomes (issue 31, point 1): a case that changes kind is a FAIL row, not a quiet pass.
+"""Pinned zoo outcomes: a case that changes kind is a FAIL row, not a quiet pass.
 
 Each zoo case (model x Keras x method x split, and the optimizer axis' settings) has its outcome
 pinned in harness/bench/zoo/outcomes.json: exact (the default), as accurate as one device, or

@@ -209,7 +209,7 @@ _WORKLOADS = {
         Workload("gru_stack", "001", "4 stacked GRU(512) + Dense(128): next note of a melody", "gru_stack"),
         Workload("wide_mlp", "002", "wide MLP 8000-4000-2000-500-300-1, exactly 41,157,101 parameters", "wide_mlp"),
         Workload("resnet50", "004", "ResNet50 image classifier (keras.applications, random weights)", "resnet50"),
-        # issue 16's overhead models: little compute per step, so a method's fixed costs show
+        # the overhead models: little compute per step, so a method's fixed costs show
         Workload("mlp_head10", "", "MLP 64-512-512-10: a small step, a small gradient", "overhead:mlp_head10"),
         Workload("mlp_head8192", "", "MLP 64-512-512-8192: a small step, a 4.5M-float gradient",
                  "overhead:mlp_head8192"),

@@ -1,6 +1,6 @@
 """Three small models whose step is mostly overhead: where a parallel method's fixed costs show.
 
-Issue 16 measured the mirrored method, stock ``MirroredStrategy`` fit and towers
+These models measure the mirrored method, stock ``MirroredStrategy`` fit and towers
 on these shapes (2 logical CPUs, batch 256): an MLP with a small head, the same
 MLP with a wide head (a large gradient to sum), and a per-timestep tagger
 whose predictions are as large as its inputs (what a whole-batch gather moves).

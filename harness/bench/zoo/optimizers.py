@@ -162,7 +162,7 @@ def _causal_lm_data():
 
 
 MODELS: dict[str, ZooEntry] = {
-    "mlp": ZooEntry("mlp", "issue 30: the optimizer settings people train with",
+    "mlp": ZooEntry("mlp", "the optimizer settings people train with",
                     "Dense(32) relu, Dense(16) relu, Dense(3), softmax; 57 samples, batch 16",
                     _mlp, _mlp_data, partial(sparse_ce, from_logits=False), lambda k: None, batch_size=16, epochs=2),
     "causal_lm": ZooEntry("causal_lm", "keras-io: Text generation with a miniature GPT",
