@@ -267,9 +267,7 @@ def _significant(base_stats, head_stats, different) -> bool:
     if base_stats[0].get("repeat", 0) == 1 or head_stats[0].get("repeat", 0) == 1:
         return True
     if different is None:
-        from asv import _stats  # asv 0.6.6: the test `asv compare` uses
-
-        different = _stats.is_different
+        from harness.ci.asvstats import is_different as different  # the test `asv compare` uses
     return bool(different(base_stats[1], head_stats[1], base_stats[0], head_stats[0]))
 
 

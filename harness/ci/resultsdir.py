@@ -5,7 +5,7 @@ nightly ``publish.yml`` keeps: ``<machine>/<hash8>-<env>.json``,
 ``<machine>/machine.json``, top-level ``benchmarks.json``. Values are read as
 ``asv publish`` reads them: a result whose benchmark version differs from
 ``benchmarks.json``'s is left out, and each value carries asv's weight (2 / width
-of its 99% confidence interval, ``asv._stats.get_weight``).
+of its 99% confidence interval, ``harness.ci.asvstats.weight``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def read_points(root: Path, machine: str, benchmarks: dict) -> tuple[dict[Key, t
 
 def _weight(stats: dict | None, invert: bool) -> float | None:
     """asv's weight (2 / width of the 99% confidence interval), of the inverted value where ``invert``."""
-    from asv._stats import get_weight
+    from harness.ci.asvstats import weight as get_weight
 
     if stats and invert:
         a, b = stats.get("ci_99_a"), stats.get("ci_99_b")
