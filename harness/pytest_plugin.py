@@ -7,9 +7,9 @@ where asked for, with ``pytest -p harness.pytest_plugin`` or, in a top-level
 ``harness.assert_equivalent`` needs no pytest. Importing it does not import
 TensorFlow.
 
-It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``,
+It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``, ``browser``,
 skips tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``,
-``--run-extended``),
+``--run-extended``, ``--run-browser``; a browser test also needs Chromium: ``chromium_path``),
 and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
 
 Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
@@ -42,7 +42,8 @@ import pytest
 
 from harness.devices import gpu_count
 
-__all__ = ["plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "TestDevices", "SkipRecorder", "skip_record"]
+__all__ = ["plan_gpu_split", "runs_gpu_layout_first", "xdist_workers", "chromium_path", "TestDevices", "SkipRecorder",
+           "skip_record"]
 
 GPU_DEVICES = 3  # logical GPUs made of a single GPU: the zoo's largest split, 5:3:2
 _GPUS_WANTED = pytest.StashKey[bool]()  # gpu_devices was requested in this process
@@ -59,7 +60,23 @@ MARKERS = {
     "extended": "the deeper half of the suite, kept out of the quick loop (the optimizer axis' fast subset, asv suite "
                 "runs, the gate's repeated measurements, every zoo entry's build): .ci/run runs it "
                 "(--run-extended or -m extended)",
+    "browser": "loads pages in a headless Chromium (run with --run-browser; skipped, saying so, where no Chromium "
+               "is installed: .ci/run installs Debian's chromium)",
 }
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+NO_CHROMIUM = ("browser: no Chromium on this machine (apt-get install chromium, or set HARNESS_CHROMIUM to its "
+               "executable)")
+
+
+def chromium_path() -> str | None:
+    """The Chromium the ``browser`` tests drive: ``$HARNESS_CHROMIUM`` where set, else the first of
+    ``CHROMIUM_NAMES`` on PATH; None where there is none (the tests skip, saying so)."""
+    import shutil
+
+    chosen = os.environ.get("HARNESS_CHROMIUM")
+    if chosen:
+        return chosen if os.access(chosen, os.X_OK) else None
+    return next(filter(None, map(shutil.which, CHROMIUM_NAMES)), None)
 
 
 def xdist_workers() -> int:
@@ -113,6 +130,8 @@ def pytest_addoption(parser):
                     help="run the extended tests too (marked extended; also selected by -m extended)")
     group.addoption("--run-zoo", action="store_true", default=False,
                     help="run the whole model zoo (tests marked zoo; also selected by -m zoo)")
+    group.addoption("--run-browser", action="store_true", default=False,
+                    help="run the tests marked browser (headless Chromium: chromium_path())")
     group.addoption(
         "--logical-devices", type=int, default=4,
         help="logical CPU devices the logical_devices fixture creates (default 4)",
@@ -240,6 +259,8 @@ def pytest_collection_modifyitems(config, items):
         else "whole model zoo: run with --run-zoo or -m zoo",
         "extended": None if config.getoption("--run-extended") or "extended" in (config.getoption("markexpr") or "")
         else "extended: run with --run-extended or -m extended",
+        "browser": "browser: run with --run-browser" if not config.getoption("--run-browser")
+        else None if chromium_path() else NO_CHROMIUM,
     }
     for item in items:
         for name, reason in reasons.items():

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, the test tools, asv and the docs site's MkDocs.
+# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, the test tools, asv, the docs site's MkDocs and
+# Playwright (the browser tests drive the system's Chromium with it; .ci/run installs Debian's chromium).
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,7 +8,7 @@ python3 -m venv .venv
 stamp=.venv/.harness-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[test,lint,bench,docs]" "tensorflow-cpu==2.21.*"
+  .venv/bin/python -m pip install --quiet -e ".[test,lint,bench,docs,browser]" "tensorflow-cpu==2.21.*"
   # tf-keras, so the Keras 2 tests run here too (tf_keras models beside Keras 3, no TF_USE_LEGACY_KERAS).
   # --no-deps: it requires the `tensorflow` distribution, whose CUDA build would land over tensorflow-cpu.
   .venv/bin/python -m pip install --quiet --no-deps "tf-keras==2.21.*"

@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         calibrate,
         check,
         compare,
+        dashboard,
         docker,
         env,
         init,
@@ -45,8 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, regressions, bisect, docker,
-                   matrix, init):
+    for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, regressions, bisect, dashboard,
+                   docker, matrix, init):
         module.add_parser(sub)
     return parser
 

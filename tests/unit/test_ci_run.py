@@ -88,7 +88,9 @@ def test_the_markers_ci_cannot_run_run_in_a_workflow(marker):
     ('./scripts/check-skips "$skips/tf215.jsonl"', "true", "tf215.jsonl are not checked"),
     (".venv/bin/tox -e tf215", ".venv/bin/tox -e tf221", "no Keras 2 env"),
     ("--run-slow", "", "'slow' tests"),
-], ids=["extended", "readme-command", "skip-check", "keras2-env", "slow"])
+    ("-m browser --run-browser", "-m browser", "'browser' tests"),
+    ('./scripts/check-skips "$skips/browser.jsonl"', "true", "browser.jsonl are not checked"),
+], ids=["extended", "readme-command", "skip-check", "keras2-env", "slow", "browser", "browser-skip-check"])
 def test_the_ci_guard_reports_a_planted_gap(old, new, found):
     text = (REPO / ".ci" / "run").read_text()
     assert old in text
