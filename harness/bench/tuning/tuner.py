@@ -200,6 +200,8 @@ def usable_ceilings(probes, margin: float) -> list[int]:
     """Each probed ceiling less the margin (at least 1): ``splits.usable_ceilings`` of the probes."""
     from harness.bench.tuning.splits import usable_ceilings as usable
 
+    # Every probe has a ceiling (profile_devices refuses a device that runs out of memory at batch 1): unbounded is
+    # never used here.
     return usable([probe.ceiling for probe, _ in probes], unbounded=1, margin=margin)
 
 
