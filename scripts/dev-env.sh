@@ -14,7 +14,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]
   .venv/bin/python -m pip install --quiet --no-deps "tf-keras==2.21.*"
   touch "$stamp"
 fi
-# jq: the nightly workflow's issue report is jq over JSON, and tests/bench/test_publish_tracking.py runs it.
+# jq: the nightly workflow's issue report is jq over JSON, and tests/ci/test_publish_tracking.py runs it.
 if ! command -v jq > /dev/null && command -v apt-get > /dev/null && [ "$(id -u)" -eq 0 ]; then
   apt-get install -y -qq jq > /dev/null 2>&1 || { apt-get update -qq > /dev/null && apt-get install -y -qq jq > /dev/null; }
 fi

@@ -53,7 +53,7 @@ class EnvResult:
 
 
 def _suite(testcase: ET.Element) -> str:
-    # classname "tests.regressions.test_batches" or "tests.parallel.test_api.TestX": the folder under tests/
+    # classname "tests.upstream.test_batches" or "tests.parallel.test_api.TestX": the folder under tests/
     parts = (testcase.get("classname") or "").split(".")
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else (parts[0] or "?")
 

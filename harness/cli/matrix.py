@@ -5,7 +5,7 @@ installs are large, pip's cache is reused), or reads JUnit files you already hav
 the table (env x suite -> pass/fail/skip with counts and versions) as Markdown and JSON.
 
 Examples:
-    harness matrix --envs tf221,legacy,tf215 --suites regressions
+    harness matrix --envs tf221,legacy,tf215 --suites upstream
     harness matrix --from-junit results/matrix/*.xml --markdown docs/compatibility.md
 """
 
@@ -27,8 +27,8 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("matrix", help="run the suites over the tox envs; write the compatibility table",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--envs", help="comma-separated tox envs (default: every matrix entry)")
-    p.add_argument("--suites", default="unit,parallel,regressions",
-                   help="comma-separated folders under tests/ (default unit,parallel,regressions)")
+    p.add_argument("--suites", default="unit,parallel,upstream",
+                   help="comma-separated folders under tests/ (default unit,parallel,upstream)")
     p.add_argument("--from-junit", nargs="+", metavar="XML", help="build the table from these files; run nothing")
     p.add_argument("--out", default="results/matrix", help="JUnit files and the table go here (default %(default)s)")
     p.add_argument("--markdown", metavar="PATH", help="also write the Markdown table here")

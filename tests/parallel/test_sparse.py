@@ -73,7 +73,7 @@ def test_lookups_of_every_shape_under_adam(logical_devices, any_keras, kind, met
 
 @pytest.mark.parametrize("optimizer", ["clipnorm", "global_clipnorm", "adagrad", "rmsprop"])
 def test_row_sensitive_settings_on_lookups(logical_devices, keras3, optimizer):
-    # RMSprop(centered=True) fails on one device already on repeated rows: tests/regressions/test_optimizers.py.
+    # RMSprop(centered=True) fails on one device already on repeated rows: tests/upstream/test_optimizers.py.
     k = keras3
     make = {"clipnorm": lambda: k.optimizers.SGD(0.5, clipnorm=0.01),
             "global_clipnorm": lambda: k.optimizers.Adam(0.05, global_clipnorm=0.05),

@@ -14,9 +14,9 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <property name="TF_USE_LEGACY_KERAS" value="{legacy}"/></properties>
 <testcase classname="tests.unit.test_split" name="test_a" time="0.1"/>
 <testcase classname="tests.unit.test_split" name="test_b" time="0.1"/>
-<testcase classname="tests.regressions.test_batches" name="test_c" time="1">
+<testcase classname="tests.upstream.test_batches" name="test_c" time="1">
   <failure message="AssertionError">boom</failure></testcase>
-<testcase classname="tests.regressions.test_compile_modes" name="test_d" time="1">
+<testcase classname="tests.upstream.test_compile_modes" name="test_d" time="1">
   <skipped type="pytest.xfail" message="XLA: resource on another device (TF 2.21)"/></testcase>
 <testcase classname="tests.parallel.test_api" name="test_e" time="0">
   <skipped type="pytest.skip" message="needs a GPU; this machine has none"/></testcase>
@@ -40,21 +40,21 @@ def test_cells_count_and_judge_each_suite(junit):
     assert result.env == "tf221" and result.seconds == 12.5
     assert result.versions["tensorflow"] == "2.21.0"
     assert {name: cell.state for name, cell in result.cells.items()} == {
-        "parallel": "skip", "regressions": "fail", "unit": "pass"}
-    regressions = result.cells["regressions"]
-    assert (regressions.failed, regressions.xfailed) == (1, 1)
-    assert regressions.reasons == ["XLA: resource on another device (TF 2.21)"]
+        "parallel": "skip", "unit": "pass", "upstream": "fail"}
+    upstream = result.cells["upstream"]
+    assert (upstream.failed, upstream.xfailed) == (1, 1)
+    assert upstream.reasons == ["XLA: resource on another device (TF 2.21)"]
     assert result.cells["parallel"].reasons == ["needs a GPU; this machine has none"]
 
 
 def test_markdown_shows_versions_states_and_reasons(junit):
     table = compat_report.markdown_table([compat_report.read_junit(junit("tf221")),
                                           compat_report.read_junit(junit("legacy", legacy="1"))])
-    assert "| env | versions | parallel | regressions | unit | time |" in table
+    assert "| env | versions | parallel | unit | upstream | time |" in table
     assert "| tf221 | TF 2.21.0, Keras 3.15.1, Python 3.11.7 |" in table
     assert "| legacy | TF 2.21.0, tf-keras 2.21.0, Python 3.11.7 |" in table
     assert "**fail** (0 passed, 1 failed, 1 xfailed)" in table
-    assert "- XLA: resource on another device (TF 2.21) (tf221/regressions, legacy/regressions)" in table
+    assert "- XLA: resource on another device (TF 2.21) (tf221/upstream, legacy/upstream)" in table
     assert "2 env(s) x 3 suite(s): 2 pass, 2 fail, 2 skip." in table
 
 
@@ -75,7 +75,7 @@ def test_cli_builds_the_table_from_junit_and_fails_on_a_failing_cell(junit, tmp_
     out = tmp_path / "out"
     code = main(["matrix", "--from-junit", str(junit("tf221")), "--out", str(out),
                  "--markdown", str(tmp_path / "docs" / "compat.md")])
-    assert code == 1  # the regressions cell failed
+    assert code == 1  # the upstream cell failed
     data = json.loads((out / "compatibility.json").read_text())
     assert data[0]["cells"]["unit"]["state"] == "pass"
     assert (tmp_path / "docs" / "compat.md").read_text().startswith("# Compatibility")

@@ -3,7 +3,7 @@
 make_offline on a copy of installed asv's own www/ leaves no external script or stylesheet, each rewritten
 one carries the integrity of the file it now loads, an external URL without a vendored copy fails naming it
 (before any page is touched), and vendor.json matches the vendored files on disk. The browser test
-(tests/bench/test_published_site_in_a_browser.py) loads the result in Chromium.
+(tests/ci/test_published_site_in_a_browser.py) loads the result in Chromium.
 """
 
 from __future__ import annotations

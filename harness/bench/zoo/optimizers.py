@@ -174,14 +174,14 @@ MODELS: dict[str, ZooEntry] = {
 }
 
 #: ``(model, optimizer, why)``: cases Keras itself cannot train on one device, left out of the axis (each one
-#: checked to still fail in tests/regressions/test_optimizers.py)
+#: checked to still fail in tests/upstream/test_optimizers.py)
 UPSTREAM: tuple[tuple[str, str, str], ...] = (
     ("causal_lm", "rmsprop_centered", "Keras 3's RMSprop(centered=True) fails on one device on sparse rows with "
      "repeated ids (its sparse division's scatter_nd sums repeated positions, then gathers out of range)"),
 )
 
 #: ``(optimizer, option, why)``: cases whose float64 reference run Keras cannot train; judged by the tolerance alone
-#: (exact or FAIL), checked to still fail in float64 in tests/regressions/test_optimizers.py
+#: (exact or FAIL), checked to still fail in float64 in tests/upstream/test_optimizers.py
 NO_FLOAT64: tuple[tuple[str, str, str], ...] = (
     ("muon", "schedule", "Keras 3's Muon multiplies its update by a schedule's float32 learning rate without a "
      "cast: a float64 model fails (Input 'y' of 'Mul' Op has type float64 that does not match type float32)"),

@@ -3,7 +3,7 @@
 A throw-away git repository holds a package with a small Keras 3 model (``userdemo``), a
 ``harness.toml`` naming two workloads (``classifier``: a build function; ``learner``: a
 ``harness.Workload`` with real data, validation data and a goal), an asv config and the thin
-benchmark module. As in a prebuilt image (tests/bench/demorepo.py), the package is installed by pip
+benchmark module. As in a prebuilt image (tests/ci/demorepo.py), the package is installed by pip
 into a target folder that asv's benchmark processes get on their path (``ASV_PYTHONPATH``), and asv
 runs this Python (``--python=same``) on the commit. A suite ran when asv saved a number for it
 (``harness.ci.asvresults``). About a minute and a half on 2 busy cores: one TensorFlow process per

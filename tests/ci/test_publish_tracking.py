@@ -3,7 +3,7 @@
 The workflow's own scripts (read from the YAML) run under bash as Actions runs them; ``gh`` is a stand-in
 that logs its arguments and answers ``issue list`` with the open issues of the scenario. The
 regressions JSON comes from the real ``harness regressions`` on a history written by asv's own code
-(tests/bench/asv_history.py), so a change of its fields breaks this test, not the night.
+(tests/ci/asv_history.py), so a change of its fields breaks this test, not the night.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ parallel step is no longer the single-device step. There, as a team adopting har
 - ``harness bisect`` names the second commit as the one that moved the step time.
 
 asv runs in *existing* mode (as inside a prebuilt image): each commit is installed into a private
-target folder on asv's path (tests/bench/demorepo.py). Several minutes on 2 cores: marked slow
+target folder on asv's path (tests/ci/demorepo.py). Several minutes on 2 cores: marked slow
 (.ci/run runs it; so does the scheduled slow.yml).
 """
 

@@ -1,7 +1,7 @@
 """The published site in a real browser, offline: the docs and the asv dashboard render with nothing from outside.
 
 As .github/workflows/publish.yml lays out GitHub Pages: the dashboard (``harness dashboard`` over a small real
-asv results history, tests/bench/asv_history.py) at the root, the docs (``mkdocs build --strict``) under /docs/.
+asv results history, tests/ci/asv_history.py) at the root, the docs (``mkdocs build --strict``) under /docs/.
 Both are served from 127.0.0.1 and loaded in headless Chromium (Playwright driving the system's browser, no
 download) with every request to another host blocked, so anything the pages fetch from the internet fails the
 test. Checked as a person would: the docs' home and a second page show their title, nav and search box, and a

@@ -5,7 +5,7 @@ benchmark raises, and a 45% slower one. ``harness bench-compare`` must exit 0 on
 the unchanged pair and on five A/A runs of one commit, 1 on the slowdown, 2 on the
 error; a borderline result is measured again; noise from a history widens the
 threshold. The gate runs in *existing* mode (as inside a prebuilt image): each
-commit is installed by pip into a private target directory (tests/bench/demorepo.py).
+commit is installed by pip into a private target directory (tests/ci/demorepo.py).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ _PARAM_BENCH = textwrap.dedent('''
 @pytest.mark.extended
 def test_the_rerun_of_a_borderline_parametrized_benchmark_runs_its_combinations(tmp_path):
     # asv matches --bench against ``name(params)`` for a parametrized benchmark: the rerun's regex must name the
-    # combination (``^bench.Work.time_work$`` selected nothing, asv run exited 1; found by tests/bench/test_adopt.py).
+    # combination (``^bench.Work.time_work$`` selected nothing, asv run exited 1; found by tests/ci/test_adopt.py).
     repo = tmp_path / "params"
     repo.mkdir()
     first = make_repo(repo, bench=_PARAM_BENCH)

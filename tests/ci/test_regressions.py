@@ -1,7 +1,7 @@
 """``harness regressions`` on synthetic asv histories.
 
 Each history is a real git repository of 50 empty commits (one a day) and real
-asv result files for them (tests/bench/asv_history.py writes them with asv's
+asv result files for them (tests/ci/asv_history.py writes them with asv's
 own ``Results``). Noise is Gaussian, relative to the level, drawn per commit
 (the drift between nightly jobs); time_ values also carry 10 samples 0.5% apart
 (the noise within one job), from which asv computes its statistics and weights.
