@@ -1,4 +1,4 @@
-"""Shared fixtures of the asv suites: the grid, the devices, the splits and prepared training steps.
+"""The asv suites' parameters and skips: the grids, which combinations mean nothing, and the library they run with.
 
 Append, never change: a benchmark's history compares only while what it
 measures stays the same. Adding a grid, a workload or a helper is fine;
@@ -13,35 +13,33 @@ The grid comes from one environment variable, ``HARNESS_BENCH_GRID``:
   devices; the CI test uses it to prove every benchmark runs. Its figures mean nothing.
 - ``full``: the seed-sized workloads on the machine's real GPUs.
 
-asv 0.6.6 with ``launch_method: spawn`` runs every parameter combination of a
-benchmark in a process of its own (``asv.runner._run_benchmark_single_param``),
-and TensorFlow fixes its devices once per process. So every process creates the
-same layout (all the grid's emulated devices, or all GPUs) and a combination
-takes the first N devices of it; one the machine cannot run raises
-``NotImplementedError`` in ``setup``, which asv reports as skipped.
-
-Nothing here imports TensorFlow at module level: asv imports every suite to
-discover the benchmarks.
+What a combination runs (devices, profiles, split, ``RunConfig``) is ``harness.bench.gridrun``'s,
+through ``gridrun()``. The gate and bisect run these suites on older commits' harness: discovery
+imports nothing of harness beyond ``harness.bench.runner`` (and no TensorFlow), and where the
+installed harness predates gridrun, ``gridrun()`` loads this checkout's copy of it by its path
+(tests/unit/test_bench_suites.py runs both ways). A combination that means nothing or that the
+machine cannot run raises ``NotImplementedError`` in ``setup``: asv reports it as skipped.
 """
 
 from __future__ import annotations
 
-import math
+import importlib.util
 import os
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import ModuleType
 
 from harness.bench.runner import METHODS as RUN_METHODS
 
-__all__ = ["GRID_VARIABLE", "BenchGrid", "GRIDS", "current_grid", "check_combination", "use_devices", "all_devices",
-           "emulated", "device_profiles", "setup_profiles", "split_batches", "run_config", "prepared_step",
-           "fidelity_report", "tune_record", "refuse_host_bound", "check_step_not_host_bound", "skip",
-           "convergence_profiles", "convergence_batches", "convergence_goal", "convergence_config"]
+__all__ = ["GRID_VARIABLE", "METHODS", "SPLITS", "BenchGrid", "GRIDS", "current_grid", "check_combination",
+           "gridrun", "setup_profiles", "skip", "refuse_host_bound"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
 METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
 SPLITS = ("even", "ratio", "tuned")
-TUNED_MARGIN = 0.05  # as harness.bench.tuning.splits.TUNED_MARGIN (kept here for older commits, which lack it)
+LIBRARY = "harness.bench.gridrun"
 
 
 @dataclass(frozen=True)
@@ -79,13 +77,9 @@ class BenchGrid:
     convergence_device_counts: tuple[int, ...] = ()
     convergence_batch: Mapping[str, int] = field(default_factory=dict)  # global batch per workload
     # per workload: harness.bench.convergence.Goal's fields (target accuracy, step budget, ...); plain values, so
-    # discovering the suite imports nothing newer than harness.bench.runner (see convergence_goal)
+    # discovering the suite imports nothing newer than harness.bench.runner (gridrun.convergence_goal)
     convergence_goals: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     convergence_timeout: float = 600.0  # setup_cache: every combination trained in one process
-
-    def batch(self, workload: str) -> int:
-        """Per-device batch of ``workload``."""
-        return self.batch_per_device[workload]
 
 
 _CI = BenchGrid(
@@ -203,299 +197,45 @@ def check_combination(method: str, split: str, count: int) -> None:
         raise NotImplementedError(f"method 'keras' (stock MirroredStrategy) splits evenly; got split={split!r}")
 
 
-_LAYOUT: list[str] = []  # this process's devices, created once (TensorFlow fixes them per process)
-
-
-def use_devices(grid: BenchGrid, count: int) -> list[str]:
-    """The first ``count`` devices of the grid's layout, creating the layout on first use.
+def gridrun() -> ModuleType:
+    """``harness.bench.gridrun``: the installed harness' own or, where that harness predates it (an older commit
+    under the gate or bisect), this checkout's copy, loaded by its path (it imports harness only in its functions).
 
     Raises:
-        NotImplementedError: the machine has fewer devices (no GPU for the full grid, 3 asked of 2).
+        NotImplementedError: (asv: skipped) the installed harness predates it and this checkout has no copy.
     """
-    layout = all_devices(grid)
-    if count > len(layout):
-        raise NotImplementedError(f"{count} devices asked; this machine has {len(layout)}: {layout}")
-    return layout[:count]
-
-
-def all_devices(grid: BenchGrid) -> list[str]:
-    """Every device of the grid's layout, created on first use.
-
-    Raises:
-        NotImplementedError: the grid needs GPUs and there are none.
-    """
-    if not _LAYOUT:
-        _LAYOUT.extend(_create_layout(grid))
-    return list(_LAYOUT)
-
-
-def _create_layout(grid: BenchGrid) -> list[str]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log out of asv's output
-    from harness.devices import use_logical_devices
-    from harness.emulate import parse_emulate
-
-    if grid.emulate is not None:
-        n = len(parse_emulate(grid.emulate))
-        # Each emulated device sleeps on one inter-op thread: leave two for the real work.
-        return use_logical_devices(n, inter_op_threads=n + 2)
-    import tensorflow as tf
-
-    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    if not gpus:
-        raise NotImplementedError(f"the {grid.name} grid runs on GPUs; TensorFlow sees none here")
-    return gpus
-
-
-def emulated(grid: BenchGrid, count: int):
-    """The first ``count`` emulated devices of the grid, or None on real devices."""
-    from harness.emulate import parse_emulate
-
-    return None if grid.emulate is None else parse_emulate(grid.emulate)[:count]
-
-
-def device_profiles(grid: BenchGrid) -> dict:
-    """Each device's step-time model and memory ceiling per workload, for the ratio and tuned splits.
-
-    Emulated devices are known exactly: ``t(b) = overhead + b / rate``, ceiling
-    MAXBATCH (nothing is measured, so every ci process agrees). Real GPUs are
-    profiled alone, once per asv run (``setup_cache``): ``harness.bench.tuning``'s
-    ceiling search and step-time fit, up to the largest global batch of the grid.
-
-    Returns:
-        ``{"source", "workloads": {name: [{"fixed_s", "per_sample_s", "ceiling"}, ...]}}``,
-        or ``{"error": why}`` when the machine cannot run the grid (asv's cache must not be None).
-    """
-    from harness.emulate import parse_emulate
-
-    if grid.emulate is not None:
-        rows = [{"fixed_s": s.overhead_ms / 1000.0, "per_sample_s": 1.0 / s.rate, "ceiling": s.max_batch}
-                for s in parse_emulate(grid.emulate)]
-        return {"source": "emulated", "workloads": {w: rows for w in grid.workloads}}
     try:
-        names = all_devices(grid)
-    except NotImplementedError as err:
-        return {"error": str(err)}
-    from harness.bench import workloads
-    from harness.bench.tuning.tuner import profile_devices
-
-    out = {}
-    for name in grid.workloads:
-        limit = grid.batch(name) * max(grid.device_counts)
-        probes, _ = profile_devices(workloads.get(name), grid.size, names, [None] * len(names), limit=limit)
-        out[name] = [{"fixed_s": fit.model.fixed_s, "per_sample_s": fit.model.per_sample_s,
-                      "ceiling": probe.ceiling if probe.stopped_by == "oom" else None} for probe, fit in probes]
-        for probe, _ in probes:
-            probe.release()
-    return {"source": "profiled", "workloads": out}
+        return importlib.import_module(LIBRARY)
+    except ModuleNotFoundError as err:
+        if err.name != LIBRARY:
+            raise
+    name = "benchmarks._gridrun_of_this_checkout"  # not the installed harness' name: that one is not there
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "harness" / "bench" / "gridrun.py"
+        if not path.is_file():
+            raise NotImplementedError(f"this commit's harness predates {LIBRARY}, and this checkout has no {path}")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # not half a module for the next call
+            raise
+    return sys.modules[name]
 
 
 def setup_profiles() -> dict:
-    """asv ``setup_cache`` of the throughput classes: ``device_profiles`` of the current grid.
+    """asv ``setup_cache`` of the throughput classes: ``gridrun().device_profiles`` of the current grid.
 
     One function for every class that uses it: asv keys a cache by the function's
     module and line, so the classes share one run of it (one profiling of the GPUs).
     """
-    return device_profiles(current_grid())
-
-
-def split_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, count: int) -> tuple[int, ...]:
-    """Per-device batches of the grid's global batch for ``count`` devices (``_split``).
-
-    ``even``: equal shares. ``ratio``: shares in proportion to each device's
-    samples/s alone at the even share (what ``harness compare`` measures first;
-    here from the step-time models). ``tuned``: ``harness.bench.tuning.solver.solve_split``
-    on the same models, within the ceilings less a 5% margin (a device may get 0).
-
-    Raises:
-        NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
-    """
-    if "error" in profiles:
-        raise NotImplementedError(profiles["error"])
-    rows = profiles["workloads"][workload][:count]
-    return _within_ceilings(split, _split(split, grid.batch(workload) * count, rows, grid.batch(workload)), rows)
-
-
-def _split(split: str, batch: int, rows: list[dict], share: float) -> tuple[int, ...]:
-    """``batch`` split over the profiled devices ``rows`` by ``harness.bench.tuning.splits.split_batches`` (the
-    function ``harness compare`` and ``harness tune`` split with), ``ratio`` by each device's samples/s at ``share``.
-
-    The gate and bisect run these suites on older commits, whose harness has no ``splits`` module: there the same
-    arithmetic runs here (the fallback below).
-    """
-    from harness.bench.tuning.solver import StepModel, solve_split
-    from harness.split import split_batch
-
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
-    models = [StepModel(r["fixed_s"], r["per_sample_s"]) for r in rows]
-    ratios = [m.samples_per_second(share) for m in models]
-    ceilings = [r["ceiling"] for r in rows]
-    try:
-        from harness.bench.tuning.splits import split_batches as shared
-    except ImportError:  # an older commit's harness
-        shared = None
-    if shared is not None:
-        from harness.errors import Refused
-
-        try:
-            return shared(split, batch, len(rows), ratios=ratios, models=models, ceilings=ceilings,
-                          margin=TUNED_MARGIN)
-        except Refused as err:
-            raise NotImplementedError(str(err)) from None
-    if split == "even":
-        return split_batch(batch, [1.0] * len(rows))
-    if split == "ratio":
-        return split_batch(batch, ratios)
-    usable = [batch if c is None else max(1, math.floor(c * (1 - TUNED_MARGIN))) for c in ceilings]
-    if batch > sum(usable):
-        raise NotImplementedError(f"global batch {batch} exceeds the devices' usable memory {usable}")
-    return solve_split(models, usable, batch).batches
-
-
-def _within_ceilings(split: str, batches, rows) -> tuple[int, ...]:
-    """``batches`` as a tuple; raises ``NotImplementedError`` (asv: skipped) where one exceeds its memory ceiling."""
-    over = [(i, b, r["ceiling"]) for i, (b, r) in enumerate(zip(batches, rows))
-            if r["ceiling"] is not None and b > r["ceiling"]]
-    if over:
-        raise NotImplementedError(f"{split} split {list(batches)} exceeds memory ceilings (device, batch, "
-                                  f"ceiling): {over}")
-    return tuple(batches)
-
-
-def run_config(grid: BenchGrid, profiles: dict, workload: str, method: str, split: str, count: int):
-    """The ``harness.bench.runner.RunConfig`` of one combination; creates the devices.
-
-    A tuned split that leaves a device out runs without it (on one device: ``single``),
-    as ``harness compare`` does.
-
-    Raises:
-        NotImplementedError: a meaningless combination or one this machine cannot run.
-    """
-    from harness.bench.runner import RunConfig
-
-    check_combination(method, split, count)
-    batches = split_batches(grid, profiles, workload, split, count)
-    specs = emulated(grid, count)
-    names = use_devices(grid, count)
-    used = [i for i, b in enumerate(batches) if b > 0]
-    if len(used) == 1 < count:  # the tuned split left all but one device out
-        method = "single"
-    return RunConfig(workload, grid.size, method, tuple(names[i] for i in used), tuple(batches[i] for i in used),
-                     seconds=grid.seconds, windows=grid.windows, warmup_steps=grid.warmup_steps,
-                     emulate=None if specs is None else tuple(specs[i] for i in used))
-
-
-_PREPARED: dict = {}  # RunConfig -> (model, x, y): asv re-runs setup before every sample of a time_ benchmark
-
-
-def prepared_step(config) -> tuple:
-    """``(model, x, y)``: ``config``'s model as ``harness run`` builds it, one batch, warm.
-
-    The model is built by ``harness.bench.runner.build_model`` and has trained
-    ``config.warmup_steps`` untimed steps on the batch (tracing, allocation).
-    Cached per process: asv calls ``setup`` again before each timed sample.
-    """
-    if config not in _PREPARED:
-        import tensorflow as tf
-
-        from harness.bench import workloads
-        from harness.bench.runner import build_model
-
-        workload = workloads.get(config.model)
-        model = build_model(config, workload)
-        x, y = workload.make_data(config.size, config.batch, seed=config.seed)
-        x, y = tf.nest.map_structure(tf.constant, x), tf.constant(y)
-        for _ in range(config.warmup_steps):
-            model.train_on_batch(x, y)
-        _PREPARED[config] = (model, x, y)
-    return _PREPARED[config]
-
-
-def fidelity_report(grid: BenchGrid, workload: str, method: str, devices: Sequence[str]):
-    """``harness.equivalence.compare_training`` of ``workload`` on ``devices`` with the grid's uneven split.
-
-    Both runs start from the same weights and train ``grid.fidelity_steps``
-    steps of the grid's global batch with the workload's own optimizer and loss.
-    """
-    from harness.bench import workloads
-    from harness.equivalence import compare_training
-
-    spec = workloads.get(workload)
-    batch = grid.batch(workload) * len(devices)
-    x, y = spec.make_data(grid.size, batch * grid.fidelity_steps, seed=0)
-    return compare_training(lambda: spec.build(grid.size, seed=0), x, y, devices=list(devices),
-                            ratios=list(grid.fidelity_ratios[:len(devices)]), method=method, batch_size=batch,
-                            optimizer=spec.optimizer, loss=spec.loss(), seed=0)
-
-
-def tune_record(grid: BenchGrid) -> dict:
-    """One ``harness.tune`` of the grid's tuner case (most samples/s, mirrored), or ``{"error": why}``."""
-    from harness.emulate import parse_emulate
-
-    try:
-        if grid.tune_emulate is not None:
-            specs = parse_emulate(grid.tune_emulate)
-            devices = use_devices(grid, len(specs))
-        else:
-            specs = None
-            devices = all_devices(grid)
-            if len(devices) < 2:
-                raise NotImplementedError(f"tuning a split needs two devices or more; this machine has {devices}")
-    except NotImplementedError as err:
-        return {"error": str(err)}
-    from harness.bench.tuning.tuner import tune
-
-    return tune(grid.tune_model, devices=devices, size=grid.size, emulate=specs, **grid.tune_options)
-
-
-def refuse_host_bound(entries, what: str) -> None:
-    """Skips a benchmark whose emulated devices were host-bound: its figure is this CPU's speed, not the grid's.
-
-    Raised in the timed body (``asv_runner``'s ``SkipNotImplemented``: asv records
-    the combination as skipped, n/a) or in ``setup`` (``NotImplementedError``); the
-    reason goes to stderr, which ``asv run --show-stderr`` prints.
-
-    Args:
-        entries: ``{"device", "emulated_rate", "host_rate", "late_share"}`` dicts
-            (``harness.bench.runner.host_bound``); nothing happens when empty.
-        what: the configuration, for the message.
-    """
-    import sys
-
-    from harness.emulate import host_bound_text
-
-    if not entries:
-        return
-    reason = f"{what}: {host_bound_text(entries)} (harness calibrate: the rates this host sustains)"
-    print(f"harness benchmark skipped: {reason}", file=sys.stderr)
-    try:
-        from asv_runner.benchmarks.mark import SkipNotImplemented
-    except ImportError:  # not under asv (a direct call): a plain NotImplementedError says the same
-        raise NotImplementedError(reason) from None
-    raise SkipNotImplemented(reason)
-
-
-def check_step_not_host_bound(config, model, x, y, steps: int = 3) -> None:
-    """Times ``steps`` more steps of a prepared model; refuses the combination if its emulated devices were host-bound.
-
-    For ``time_`` benchmarks, whose timed body cannot look at the emulator: the
-    check runs in ``setup`` on the same model and batch.
-    """
-    import time
-
-    if config.emulate is None or model.emulator is None:
-        return
-    began = time.perf_counter()
-    for _ in range(steps):
-        model.train_on_batch(x, y)
-    refuse_host_bound(model.emulator.host_bound_between(began, time.perf_counter()),
-                      f"{config.method} with batches {list(config.batches)}")
+    return gridrun().device_profiles(current_grid())
 
 
 def skip(reason: str) -> None:
-    """Skips a benchmark from its timed body (asv records n/a), with the reason on stderr, as ``refuse_host_bound``."""
-    import sys
-
+    """Skips a benchmark, from its timed body (asv records n/a) or ``setup``, with the reason on stderr
+    (``asv run --show-stderr``): asv_runner's ``SkipNotImplemented``, a ``NotImplementedError``."""
     print(f"harness benchmark skipped: {reason}", file=sys.stderr)
     try:
         from asv_runner.benchmarks.mark import SkipNotImplemented
@@ -504,53 +244,15 @@ def skip(reason: str) -> None:
     raise SkipNotImplemented(reason)
 
 
-def convergence_profiles(grid: BenchGrid) -> dict:
-    """``device_profiles`` of the convergence workloads at the convergence size and batches (what their ratio
-    splits are cut by); emulated grids need no profiling, real GPUs are profiled on the tiny models."""
-    batches = {name: grid.convergence_batch[name] for name in grid.convergence_workloads}
-    return device_profiles(replace(grid, workloads=tuple(grid.convergence_workloads), size=grid.convergence_size,
-                                   batch_per_device=batches))
+def refuse_host_bound(entries, what: str) -> None:
+    """Skips (``skip``) a benchmark whose emulated devices were host-bound: its figure is this CPU's, not the grid's.
 
-
-def convergence_batches(grid: BenchGrid, profiles: dict, workload: str, split: str, count: int) -> tuple[int, ...]:
-    """Per-device batches of the grid's convergence batch for ``workload``: the same global batch on any ``count``.
-
-    ``even``: equal shares. ``ratio``: shares in proportion to each device's
-    samples/s alone at the even share, from ``device_profiles`` (as ``split_batches``).
-
-    Raises:
-        NotImplementedError: the split exceeds a device's memory ceiling, or the machine was not profiled.
-        ValueError: a split other than even and ratio.
+    Args:
+        entries: ``{"device", "emulated_rate", "host_rate", "late_share"}`` dicts
+            (``harness.bench.runner.host_bound``, ``gridrun().host_bound_steps``); nothing happens when empty.
+        what: the configuration, for the message.
     """
-    if "error" in profiles:
-        raise NotImplementedError(profiles["error"])
-    if workload not in profiles["workloads"]:
-        raise NotImplementedError(f"no device profile of {workload!r}; profiled: {sorted(profiles['workloads'])}")
-    rows = profiles["workloads"][workload][:count]
-    batch = grid.convergence_batch[workload]
-    if split not in ("even", "ratio"):
-        raise ValueError(f"a convergence split is even or ratio; got split={split!r}")
-    return _within_ceilings(split, _split(split, batch, rows, batch / count), rows)
+    from harness.emulate import host_bound_text
 
-
-def convergence_goal(grid: BenchGrid, workload: str):
-    """The ``harness.bench.convergence.Goal`` of ``workload`` on ``grid`` (imported here, not at module level)."""
-    from harness.bench.convergence import Goal
-
-    return Goal(**grid.convergence_goals[workload])
-
-
-def convergence_config(grid: BenchGrid, profiles: dict, workload: str, method: str, split: str, count: int):
-    """The ``harness.bench.runner.RunConfig`` one time-to-accuracy combination trains; creates the devices.
-
-    Raises:
-        NotImplementedError: a meaningless combination or one this machine cannot run.
-    """
-    from harness.bench.runner import RunConfig
-
-    check_combination(method, split, count)
-    batches = convergence_batches(grid, profiles, workload, split, count)
-    specs = emulated(grid, count)
-    names = use_devices(grid, count)
-    return RunConfig(workload, grid.convergence_size, method, tuple(names), batches,
-                     emulate=None if specs is None else tuple(specs))
+    if entries:
+        skip(f"{what}: {host_bound_text(entries)} (harness calibrate: the rates this host sustains)")

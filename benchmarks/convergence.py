@@ -47,17 +47,19 @@ def train_every_combination() -> dict:
     from harness.bench.convergence import train_to_accuracy
 
     grid = common.current_grid()
-    profiles = common.convergence_profiles(grid)
+    gridrun = common.gridrun()
+    profiles = gridrun.convergence_profiles(grid)
     out: dict[str, dict] = {}
     for workload, method, split, devices in itertools.product(*PARAMS):
         key = _key(workload, method, split, devices)
         try:
-            config = common.convergence_config(grid, profiles, workload, method, split, devices)
+            common.check_combination(method, split, devices)
+            config = gridrun.convergence_config(grid, profiles, workload, method, split, devices)
         except NotImplementedError as err:
             out[key] = {"skip": str(err)}
             continue
         try:
-            out[key] = train_to_accuracy(config, common.convergence_goal(grid, workload)).to_json()
+            out[key] = train_to_accuracy(config, gridrun.convergence_goal(grid, workload)).to_json()
         except Exception as err:  # noqa: BLE001  # one failing combination must not take the others' figures along
             out[key] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         gc.collect()

@@ -23,9 +23,9 @@ class Fidelity:
     timeout = GRID.timeout
 
     def setup(self, workload, method, devices):
-        self.devices = common.use_devices(GRID, devices)
+        self.devices = common.gridrun().use_devices(GRID, devices)
 
     def track_max_weight_deviation(self, workload, method, devices):
-        return common.fidelity_report(GRID, workload, method, self.devices).max_deviation
+        return common.gridrun().fidelity_report(GRID, workload, method, self.devices).max_deviation
 
     track_max_weight_deviation.unit = "max |dw| relative"

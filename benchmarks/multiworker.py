@@ -4,7 +4,7 @@
 --workers 2`` runs: two local worker processes (``harness.launch``), each joining the cluster
 and training the grid's workload on its device, in windows cut at the same steps; the figure is
 the median window of the chief. Splits: harness' model (``mirrored``) on the even split and on
-the tuned one (``common.split_batches`` over the grid's first two devices), and the stock
+the tuned one (``harness.bench.gridrun.split_batches``, the grid's first two devices), and the stock
 baseline (``keras``: Keras 2's ``fit``, tf_keras, under a stock ``MultiWorkerMirroredStrategy``,
 even split, the dataset of global batches distributed by ``fit`` itself; Keras 3.15.1's ``fit``
 cannot run under that strategy: keras-team/keras#20585).
@@ -39,11 +39,11 @@ class MultiWorker:
         common.check_combination(method, split, WORKERS)
         if method == "keras" and stock_keras_name() is None:
             raise NotImplementedError(stock_refusal_text())
-        workload = GRID.workloads[0]
-        batches = common.split_batches(GRID, profiles, workload, split, WORKERS)
+        gridrun, workload = common.gridrun(), GRID.workloads[0]
+        batches = gridrun.split_batches(GRID, profiles, workload, split, WORKERS)
         if min(batches) < 1:
             raise NotImplementedError(f"the {split} split {list(batches)} leaves a worker without rows")
-        specs = common.emulated(GRID, WORKERS)
+        specs = gridrun.emulated(GRID, WORKERS)
         if specs is None and gpu_count() < WORKERS:
             raise NotImplementedError(f"{WORKERS} workers with one GPU each; this machine has {gpu_count()}")
         self.plan = ClusterPlan(workload, GRID.size, method, (1,) * WORKERS, batches, seconds=GRID.seconds,

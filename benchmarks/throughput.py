@@ -26,7 +26,7 @@ STEP_PARAMS = PARAMS if GRID.emulate is None else [
 
 
 class _Combinations:
-    """The throughput grid; ``setup_cache`` gives each device's step-time model (see ``common.split_batches``)."""
+    """The throughput grid; ``setup_cache`` gives each device's step-time model (``harness.bench.gridrun``)."""
 
     params = PARAMS
     param_names = PARAM_NAMES
@@ -39,7 +39,8 @@ class Throughput(_Combinations):
     """Samples/s of ``harness run`` for each combination."""
 
     def setup(self, profiles, workload, method, split, devices):
-        self.config = common.run_config(GRID, profiles, workload, method, split, devices)
+        common.check_combination(method, split, devices)
+        self.config = common.gridrun().run_config(GRID, profiles, workload, method, split, devices)
 
     def track_samples_per_second(self, profiles, workload, method, split, devices):
         from harness.bench.runner import host_bound, run_one
@@ -70,9 +71,12 @@ class TrainStep(_Combinations):
             # (752 ms a call on the ci grid's 3 devices, against 266 ms a step in fit): not its step time.
             raise NotImplementedError("the stock baseline's steps are timed by fit (Throughput, VersusStock), "
                                       "not train_on_batch")
-        config = common.run_config(GRID, profiles, workload, method, split, devices)
-        self.model, self.x, self.y = common.prepared_step(config)
-        common.check_step_not_host_bound(config, self.model, self.x, self.y)
+        common.check_combination(method, split, devices)
+        gridrun = common.gridrun()
+        config = gridrun.run_config(GRID, profiles, workload, method, split, devices)
+        self.model, self.x, self.y = gridrun.prepared_step(config)
+        common.refuse_host_bound(gridrun.host_bound_steps(config, self.model, self.x, self.y),
+                                 f"{config.method} with batches {list(config.batches)}")
 
     def time_train_step(self, profiles, workload, method, split, devices):
         self.model.train_on_batch(self.x, self.y)  # returns NumPy: the host has waited for the step
@@ -91,8 +95,10 @@ class HostMemory(_Combinations):
     param_names = ["workload", "method", "devices"]
 
     def setup(self, profiles, workload, method, devices):
-        config = common.run_config(GRID, profiles, workload, method, "even", devices)
-        self.model, self.x, self.y = common.prepared_step(config)
+        common.check_combination(method, "even", devices)
+        gridrun = common.gridrun()
+        config = gridrun.run_config(GRID, profiles, workload, method, "even", devices)
+        self.model, self.x, self.y = gridrun.prepared_step(config)
 
     def peakmem_train_step(self, profiles, workload, method, devices):
         self.model.train_on_batch(self.x, self.y)
@@ -107,8 +113,10 @@ class GpuMemory(_Combinations):
     def setup(self, profiles, workload, method, split, devices):
         if GRID.emulate is not None:
             raise NotImplementedError(f"the {GRID.name} grid runs on emulated devices: no GPU memory to measure")
-        config = common.run_config(GRID, profiles, workload, method, split, devices)
-        self.model, self.x, self.y = common.prepared_step(config)
+        common.check_combination(method, split, devices)
+        gridrun = common.gridrun()
+        config = gridrun.run_config(GRID, profiles, workload, method, split, devices)
+        self.model, self.x, self.y = gridrun.prepared_step(config)
         self.device = config.devices[0].replace("/device:", "")  # a tuned split may leave GPU:0 out
 
     def track_peak_gpu_memory_bytes(self, profiles, workload, method, split, devices):
@@ -138,8 +146,10 @@ class VersusStock:
     setup_cache = staticmethod(common.setup_profiles)
 
     def setup(self, profiles, workload, method, devices):
-        self.ours = common.run_config(GRID, profiles, workload, method, "even", devices)
-        self.stock = common.run_config(GRID, profiles, workload, "keras", "even", devices)
+        common.check_combination(method, "even", devices)  # keras on the even split always is one
+        gridrun = common.gridrun()
+        self.ours = gridrun.run_config(GRID, profiles, workload, method, "even", devices)
+        self.stock = gridrun.run_config(GRID, profiles, workload, "keras", "even", devices)
 
     def track_ratio_to_stock(self, profiles, workload, method, devices):
         from harness.bench.runner import host_bound, run_one

@@ -19,7 +19,7 @@ class Tuner:
     timeout = GRID.timeout
 
     def setup_cache(self):
-        return common.tune_record(common.current_grid())
+        return common.gridrun().tune_record(common.current_grid())
 
     setup_cache.timeout = GRID.setup_timeout
 

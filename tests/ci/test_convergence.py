@@ -84,22 +84,24 @@ def test_the_mechanism_imports_no_tensorflow():
 
 
 def test_every_grid_has_goals_and_one_global_batch(common):
+    from harness.bench import gridrun
+
     ci, smoke = common.GRIDS["ci"], common.GRIDS["smoke"]
     assert smoke.convergence_workloads == ci.convergence_workloads and smoke.convergence_batch == ci.convergence_batch
     assert set(smoke.convergence_device_counts) <= set(ci.convergence_device_counts)
     for grid in common.GRIDS.values():
         assert grid.convergence_workloads and grid.convergence_device_counts, grid.name
         for name in grid.convergence_workloads:
-            assert isinstance(common.convergence_goal(grid, name), Goal), grid.name
+            assert isinstance(gridrun.convergence_goal(grid, name), Goal), grid.name
             assert grid.convergence_batch[name] >= 1, grid.name
     # Every device count and split trains the same global batch: their steps to accuracy compare.
-    profiles = common.convergence_profiles(ci)
-    batches = {(split, n): common.convergence_batches(ci, profiles, "mnist_maxing", split, n)
+    profiles = gridrun.convergence_profiles(ci)
+    batches = {(split, n): gridrun.convergence_batches(ci, profiles, "mnist_maxing", split, n)
                for split in ("even", "ratio") for n in ci.convergence_device_counts}
     assert {sum(b) for b in batches.values()} == {ci.convergence_batch["mnist_maxing"]}
     assert batches["even", 3] == (40, 40, 40) and batches["ratio", 3] == (69, 34, 17)
     with pytest.raises(ValueError, match="a convergence split is even or ratio; got split='tuned'"):
-        common.convergence_batches(ci, profiles, "mnist_maxing", "tuned", 2)
+        gridrun.convergence_batches(ci, profiles, "mnist_maxing", "tuned", 2)
 
 
 def test_the_suite_skips_what_means_nothing_and_fails_what_failed(common, monkeypatch):
@@ -124,7 +126,7 @@ def test_the_suite_skips_what_means_nothing_and_fails_what_failed(common, monkey
 
 
 # One process: the correct code twice (an unchanged rerun), then with the planted bug. The goal, devices
-# and split are the ci grid's own (benchmarks/common.py), as the asv suite trains them.
+# and split are the ci grid's own (benchmarks/common.py, harness.bench.gridrun), as the asv suite trains them.
 _PLANTED = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, {root!r})
@@ -132,11 +134,11 @@ _PLANTED = textwrap.dedent("""
     from benchmarks import common
     from harness.bench.convergence import train_to_accuracy
 
-    grid = common.current_grid()
+    grid, gridrun = common.current_grid(), common.gridrun()
     method, split, devices = {combination!r}
-    config = common.convergence_config(grid, common.convergence_profiles(grid), "mnist_maxing", method, split,
-                                       devices)
-    goal = common.convergence_goal(grid, "mnist_maxing")
+    config = gridrun.convergence_config(grid, gridrun.convergence_profiles(grid), "mnist_maxing", method, split,
+                                        devices)
+    goal = gridrun.convergence_goal(grid, "mnist_maxing")
     runs = [train_to_accuracy(config, goal).to_json() for _ in range(2)]
 
     import tensorflow as tf

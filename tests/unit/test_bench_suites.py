@@ -1,4 +1,7 @@
-"""The asv suites' fixtures without TensorFlow: grid choice, skipped combinations, splits."""
+"""benchmarks/common.py: the grid choice, skipped combinations, and the library on old commits' harness.
+
+What a combination runs (profiles, splits, run configs) is tested with harness.bench.gridrun
+(tests/unit/test_gridrun.py)."""
 
 from __future__ import annotations
 
@@ -97,44 +100,71 @@ def test_meaningful_combinations_run(common, method, split, count):
     common.check_combination(method, split, count)
 
 
-def test_ci_splits_come_from_the_emulated_devices(common):
-    from harness.bench.tuning.solver import StepModel, predict
+# One process: every ci combination's RunConfig (or skip) through the installed harness.bench.gridrun, then as on
+# an older commit whose harness lacks that module and harness.bench.tuning.splits: common.gridrun() loads this
+# checkout's copy by path and the split falls back to its own arithmetic. Both create the same device layout.
+_OLD_COMMIT = """
+import itertools, json, sys
+sys.path.insert(0, {root!r})
+from benchmarks import common
 
-    grid = common.GRIDS["ci"]
-    profiles = common.device_profiles(grid)
-    assert profiles["source"] == "emulated"
-    even = common.split_batches(grid, profiles, "mnist_maxing", "even", 3)
-    ratio = common.split_batches(grid, profiles, "mnist_maxing", "ratio", 3)
-    tuned = common.split_batches(grid, profiles, "mnist_maxing", "tuned", 3)
-    assert even == (120, 120, 120) and sum(ratio) == sum(tuned) == 360
-    assert ratio[0] > ratio[1] > ratio[2]
-    # The emulated devices have a fixed cost per step, which the ratio split ignores and the tuner does not.
-    models = [StepModel(r["fixed_s"], r["per_sample_s"]) for r in profiles["workloads"]["mnist_maxing"]]
-    assert predict(models, tuned).samples_per_second > predict(models, ratio).samples_per_second * 1.05
-    assert common.split_batches(grid, profiles, "mnist_maxing", "even", 1) == (120,)
+def table():
+    grid, lib = common.current_grid(), common.gridrun()
+    out = {{"module": lib.__name__}}
+    profiles = lib.device_profiles(grid)
+    for w, m, s, n in itertools.product(grid.workloads, common.METHODS, common.SPLITS, grid.device_counts):
+        try:
+            common.check_combination(m, s, n)
+            c = lib.run_config(grid, profiles, w, m, s, n)
+            out[f"{{w}}/{{m}}/{{s}}/{{n}}"] = [c.method, c.devices, c.batches, repr(c.emulate), c.seconds, c.windows]
+        except NotImplementedError as err:
+            out[f"{{w}}/{{m}}/{{s}}/{{n}}"] = "skipped"
+    convergence = lib.convergence_profiles(grid)
+    out["convergence"] = lib.convergence_config(grid, convergence, "mnist_maxing", "towers", "ratio", 3).batches
+    return out
+
+today = table()
+sys.modules["harness.bench.gridrun"] = None  # an older commit's harness: neither module imports
+sys.modules["harness.bench.tuning.splits"] = None
+older = table()
+print(json.dumps([today, older]))
+"""
 
 
-def test_device_profiles_of_emulated_devices_import_no_tensorflow():
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-            "from benchmarks import common\n"
-            "grid = common.GRIDS['ci']\n"
-            "p = common.device_profiles(grid)\n"
-            "common.split_batches(grid, p, 'mnist_maxing', 'tuned', 3)\n"
-            "print('tensorflow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
-    assert out.strip() == "False"
+def test_an_older_commits_harness_runs_this_checkouts_gridrun(tmp_path):
+    env = {**os.environ, "HARNESS_BENCH_GRID": "ci", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", _OLD_COMMIT.format(root=str(ROOT))], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    today, older = json.loads(done.stdout.strip().splitlines()[-1])
+    assert today.pop("module") == "harness.bench.gridrun"
+    assert older.pop("module") == "benchmarks._gridrun_of_this_checkout"
+    assert older == today
+    # What the ci grid measured before harness.bench.gridrun existed (benchmarks/common.py then).
+    assert today["mnist_maxing/mirrored/tuned/3"][:3] == ["mirrored", ["/device:CPU:0", "/device:CPU:1",
+                                                                       "/device:CPU:2"], [213, 101, 46]]
+    assert today["mnist_maxing/towers/ratio/2"][2] == [160, 80]
+    assert today["mnist_maxing/single/even/1"][:3] == ["single", ["/device:CPU:0"], [120]]
+    assert today["mnist_maxing/keras/even/3"][2] == [120, 120, 120]
+    assert today["mnist_maxing/single/even/2"] == today["mnist_maxing/keras/tuned/3"] == "skipped"
+    assert sum(v != "skipped" for k, v in today.items() if k != "convergence") == 16
+    assert today["convergence"] == [69, 34, 17]
 
 
-def test_a_split_beyond_a_memory_ceiling_is_skipped(common):
-    grid = common.GRIDS["ci"]
-    rows = [{"fixed_s": 0.0, "per_sample_s": 1e-3, "ceiling": 100}, {"fixed_s": 0.0, "per_sample_s": 1e-3,
-                                                                       "ceiling": 200}]
-    profiles = {"source": "profiled", "workloads": {"mnist_maxing": rows}}
-    with pytest.raises(NotImplementedError, match=r"even split \[120, 120\] exceeds memory ceilings"):
-        common.split_batches(grid, profiles, "mnist_maxing", "even", 2)
-    assert common.split_batches(grid, profiles, "mnist_maxing", "tuned", 2)[0] <= 95  # 5% margin
-    with pytest.raises(NotImplementedError, match="no GPU"):
-        common.split_batches(grid, {"error": "no GPU"}, "mnist_maxing", "even", 2)
+def test_without_a_copy_an_older_commit_skips_with_the_reason(common, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "harness.bench.gridrun", None)
+    monkeypatch.setattr(common, "__file__", str(tmp_path / "benchmarks" / "common.py"))
+    with pytest.raises(NotImplementedError, match=r"this commit's harness predates harness\.bench\.gridrun, and "
+                                                  r"this checkout has no .*gridrun\.py"):
+        common.gridrun()
+    monkeypatch.setattr(common, "__file__", str(ROOT / "benchmarks" / "common.py"))
+    assert common.gridrun().__file__ == str(ROOT / "harness" / "bench" / "gridrun.py")
+
+
+def test_skip_says_why_on_stderr(common, capsys):
+    with pytest.raises(NotImplementedError, match="^no GPU memory$"):
+        common.skip("no GPU memory")
+    assert capsys.readouterr().err == "harness benchmark skipped: no GPU memory\n"
 
 
 def test_asv_config_pins_tensorflow_and_keeps_output_in_dot_asv():

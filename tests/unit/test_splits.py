@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -43,15 +41,14 @@ def test_the_margin_is_held_here_and_a_batch_beyond_memory_is_refused():
 
 
 def test_the_asv_suites_split_with_it_and_keep_a_fallback_for_older_commits(monkeypatch):
-    """benchmarks/common.py takes the shared function; on an older harness without it, its fallback gives the same
-    batches."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    common = importlib.import_module("benchmarks.common")
+    """harness.bench.gridrun (the asv suites' splits) takes the shared function; on an older harness without it,
+    its fallback gives the same batches."""
+    from harness.bench import gridrun
     rows = [{"fixed_s": 0.002, "per_sample_s": 0.001, "ceiling": 400},
             {"fixed_s": 0.002, "per_sample_s": 0.002, "ceiling": None}]
-    shared = {split: common._split(split, 600, rows, 300) for split in ("even", "ratio", "tuned")}
+    shared = {split: gridrun._split(split, 600, rows, 300) for split in ("even", "ratio", "tuned")}
     monkeypatch.setitem(sys.modules, "harness.bench.tuning.splits", None)  # import fails: an older commit
-    older = {split: common._split(split, 600, rows, 300) for split in ("even", "ratio", "tuned")}
+    older = {split: gridrun._split(split, 600, rows, 300) for split in ("even", "ratio", "tuned")}
     assert shared == older and shared["even"] == (300, 300) and shared["tuned"][0] > shared["tuned"][1]
     assert shared["ratio"] == split_batches("ratio", 600, 2, ratios=[m.samples_per_second(300) for m in (FAST, SLOW)])
 

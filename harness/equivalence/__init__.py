@@ -1,0 +1,46 @@
+"""Trains one model on one device and in parallel, from the same start, and compares.
+
+Used by ``assert_equivalent`` (pytest), ``harness check`` (CLI) and the
+benchmarks' fidelity tracks, so "equivalent" means the same thing everywhere.
+
+Two criteria:
+
+- **exact**: every weight, optimizer variable and epoch loss of the parallel run
+  within ``tol`` (default 1e-6) of the single-device float32 run.
+- **as accurate as one device** (``reference="float64"``): float32 rounding alone can
+  put a correct parallel step 1e-5 from the single-device float32 step on a real CNN
+  (BatchNormalization, depthwise convolutions), and training amplifies it. Two
+  measurements tell that rounding from a bug: the model's **rounding floor**, the
+  rounding this model shows on one device, and a parallel run in float64 beside a
+  single-device one in float64, where rounding is a billion times smaller. The floor
+  is the larger of two measured distances of the single-device run: from a second
+  single-device run that differs from it only in summation order (each batch's rows
+  reversed: the same batches, the same mathematics), and from the single-device run
+  in float64. The parallel run passes when the float64 pair agree (``FLOAT64_TOL``)
+  and its own distance from the single-device run is at most ``FLOOR_FACTOR`` times
+  the floor. A mixed-precision model's runs are all in its policy, the floor's too
+  (there the order alone may change nothing: float16 products add up exactly in a
+  float32 accumulator, and the distance from float64 is the floor).
+
+One idea per module: ``report`` (``EquivalenceReport``, ``WeightDiff``, the verdict's constants and the
+distance measures), ``runs`` (what the runs of one comparison share and keep), ``reference`` (the float64
+reference and the rounding floor), ``training`` (``compare_training``, ``assert_equivalent``).
+"""
+
+from __future__ import annotations
+
+from harness.equivalence.report import (
+    FLOAT64_TOL,
+    FLOOR_FACTOR,
+    REFERENCES,
+    VERDICTS,
+    EquivalenceReport,
+    WeightDiff,
+    relative_deviation,
+)
+from harness.equivalence.report import FLOOR_ORDER as FLOOR_ORDER
+from harness.equivalence.runs import _Traced as _Traced
+from harness.equivalence.training import assert_equivalent, compare_training
+
+__all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "assert_equivalent", "relative_deviation",
+           "REFERENCES", "VERDICTS", "FLOOR_FACTOR", "FLOAT64_TOL"]
