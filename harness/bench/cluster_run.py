@@ -47,11 +47,11 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO, cast
 
+from harness.bench.runspec import RunHead, RunSpec
 from harness.cluster import worker_slice
-from harness.emulate import EmulatedDevice
 from harness.errors import Failed, InvalidValue, Unavailable
 
 __all__ = ["WORKER_VARIABLE", "MARK", "ClusterPlan", "task_device", "run_worker", "Collector", "merge_window",
@@ -66,56 +66,47 @@ CLUSTER_METHODS = ("mirrored", "keras")  # harness' model across workers; the st
 
 
 @dataclass(frozen=True)
-class ClusterPlan:
-    """What every worker of a cluster run trains (a ``RunConfig`` without device names, known before TensorFlow).
+class _OnWorkers(RunHead):
+    """Where a ``ClusterPlan`` runs, after model, size and method (``harness.bench.runspec``: field order)."""
 
-    ``counts`` are the workers' device counts; ``batches`` and ``emulate`` have one entry per
-    device of the cluster, worker 0's first. ``kind`` is ``"CPU"`` (logical CPU devices, emulated
-    or not) or ``"GPU"`` (each worker sees its own GPUs: ``gpu_blocks``).
+    counts: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ClusterPlan(RunSpec, _OnWorkers):
+    """What every worker of a cluster run trains: a run's spec (``RunSpec``) on the workers' devices, by count.
+
+    A ``RunConfig`` without device names, known before TensorFlow: ``ClusterPlan.from_spec(config, counts=...)``
+    in the parent, ``RunConfig.from_spec(plan, devices=...)`` on each worker. ``counts`` are the workers'
+    device counts; ``batches`` and ``emulate`` have one entry per device of the cluster, worker 0's first.
+    ``kind`` is ``"CPU"`` (logical CPU devices, emulated or not) or ``"GPU"`` (each worker sees its own GPUs:
+    ``gpu_blocks``); ``timeout_s`` is how long a collective waits for a peer; ``probe_steps`` are the untimed steps
+    after the warm-up whose mean time sets the windows' length in steps (``harness.bench.measure.lockstep_windows``).
+    ``rebalance_every``: every worker re-splits alike.
     """
 
-    model: str
-    size: str
-    method: str
-    counts: tuple[int, ...]
-    batches: tuple[int, ...]
-    seconds: float = 5.0
-    windows: int = 3
-    warmup_steps: int = 2
-    emulate: tuple[EmulatedDevice, ...] | None = None
-    input_delay_ms: float = 0.0
-    seed: int = 0
-    throttle: tuple[tuple[int, float, int], ...] = ()
     kind: str = "CPU"
-    timeout_s: float = 60.0  # how long a collective waits for a peer
+    timeout_s: float = 60.0
     probe_steps: int = 3
-    notes: tuple[str, ...] = field(default=())
-    rebalance_every: int | None = None  # harness.Rebalance(every=...): every worker re-splits alike
-    data: str | None = None  # --data: the user's data function (a model of the user's, docs/user-models.md)
 
     def __post_init__(self):
-        for name in ("counts", "batches", "notes"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "throttle", tuple(tuple(t) for t in self.throttle))
-        if self.emulate is not None:
-            object.__setattr__(self, "emulate", tuple(e if isinstance(e, EmulatedDevice) else EmulatedDevice(**e)
-                                                      for e in self.emulate))
-        self.validate()
+        object.__setattr__(self, "counts", tuple(self.counts))
+        super().__post_init__()
 
     @property
     def workers(self) -> int:
         return len(self.counts)
-
-    @property
-    def batch(self) -> int:
-        return sum(self.batches)
 
     def worker_slice(self, worker: int) -> slice:
         """Where worker ``worker``'s devices sit in ``batches`` and ``emulate`` (``harness.cluster.worker_slice``)."""
         return worker_slice(self.counts, worker)
 
     def validate(self) -> None:
-        """Raises ``ValueError`` naming the first bad field."""
+        """Raises ``ValueError`` naming the first bad field.
+
+        No workload is looked up here (a user's model would be imported): a worker reads its plan before it
+        joins the cluster, its first TensorFlow work.
+        """
         if self.method not in CLUSTER_METHODS:
             raise InvalidValue(f"across workers the method is {' or '.join(CLUSTER_METHODS)}; got {self.method!r}")
         if not self.counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.counts):
@@ -137,6 +128,7 @@ class ClusterPlan:
             raise InvalidValue(f"kind must be 'CPU' or 'GPU'; got {self.kind!r}")
         if not self.timeout_s > 0:
             raise InvalidValue(f"timeout_s must be > 0; got {self.timeout_s!r}")
+        super().validate()  # model and size too are checked where a RunConfig is made: cluster_plan, each worker
 
     def gpu_blocks(self) -> list[str]:
         """Each worker's ``CUDA_VISIBLE_DEVICES``: consecutive GPU ids, as many as its device count."""
@@ -144,14 +136,12 @@ class ClusterPlan:
         return [",".join(str(s + i) for i in range(c)) for s, c in zip(starts, self.counts)]
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out["emulate"] = None if self.emulate is None else [e.to_json() for e in self.emulate]
-        out["throttle"] = [list(t) for t in self.throttle]
-        return out
+        """``RunSpec.to_json``, with throttle entries as ``[device, rate, at_step]`` lists (a plan's as always)."""
+        return {**super().to_json(), "throttle": [list(t) for t in self.throttle]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ClusterPlan:
-        return cls(**{**data, "throttle": [tuple(t) for t in data.get("throttle") or ()]})
+        return cls(**data)
 
 
 def task_device(worker: int, index: int, kind: str = "CPU") -> str:
@@ -301,10 +291,7 @@ def run_worker(plan: ClusterPlan) -> int:
         from harness.bench.measure import lockstep_windows
         from harness.bench.runner import RunConfig, build_model, train_windows
 
-        config = RunConfig(plan.model, plan.size, plan.method, devices, plan.batches, seconds=plan.seconds,
-                           windows=plan.windows, warmup_steps=plan.warmup_steps, emulate=plan.emulate,
-                           input_delay_ms=plan.input_delay_ms, seed=plan.seed, throttle=plan.throttle,
-                           notes=plan.notes, rebalance_every=plan.rebalance_every, data=plan.data)
+        config = RunConfig.from_spec(plan, devices=devices)
         start: dict[str, Any] = {"worker": index, "devices": list(local)}
         if index == 0:
             start.update(config=config.to_json(), environment=fingerprint(import_tf=True))

@@ -9,18 +9,14 @@ devices have no per-device measurement and say so.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.emulate import EmulatedDevice
+from harness.bench.runspec import METHODS, RunHead, RunMethod, RunSpec
 from harness.errors import InvalidValue, Refused
-from harness.parallel import METHODS as METHODS_OF_PARALLEL
-from harness.parallel import Method
 
 __all__ = ["RunMethod", "RunConfig", "run_one", "train_windows", "build_model", "gpu_index", "host_bound", "SOURCES"]
 
@@ -35,74 +31,26 @@ SOURCES = {
 }
 
 
-class RunMethod(str, Enum):
-    """How one run spreads its batch: ``single`` (harness' model on one device), the parallel methods
-    (``harness.parallel.Method``), and ``keras``, the stock baseline (Keras fit alone on one device, or
-    under a MirroredStrategy on an even split)."""
+@dataclass(frozen=True)
+class _OnDevices(RunHead):
+    """Where a ``RunConfig`` runs, after model, size and method (``harness.bench.runspec``: field order)."""
 
-    SINGLE = "single"
-    TOWERS = Method.TOWERS.value
-    MIRRORED = Method.MIRRORED.value
-    KERAS = "keras"
-
-
-# RunMethod names Method's members one by one (so that type checkers see them): it must list them all, in order.
-if tuple(m.value for m in RunMethod)[1:-1] != tuple(m.value for m in Method):
-    raise AssertionError(f"RunMethod {[m.value for m in RunMethod]} must list every harness.parallel.Method "
-                         f"{[m.value for m in Method]} between 'single' and 'keras'")
-
-#: the methods a parallel run can use (several devices), and every method of a run
-PARALLEL_METHODS = METHODS_OF_PARALLEL
-METHODS = tuple(m.value for m in RunMethod)
+    devices: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """What one run trains, where, and how long it is timed.
+class RunConfig(RunSpec, _OnDevices):
+    """What one run trains (``RunSpec``: model, batches, timing, emulation, rebalancing...), on which named devices.
 
-    ``batches`` are per-device batch sizes, as seed 000's (docs/background.md) ``--batches 820 568``;
-    the global batch is their sum and the split ratios are the batches themselves.
-
-    ``model`` is a built-in workload's name or a reference to the user's model (``MODULE:ATTR``,
-    ``path/to/file.py:ATTR``; docs/user-models.md); ``data`` is ``--data``, a reference to the user's
-    data function (None: the workload's own or inferred batches).
-
-    ``rebalance_every`` trains with ``harness.Rebalance(every=...)``: the batches
-    are then the starting split, and each window records the devices' batches
-    at its end. ``throttle`` entries ``(device_index, rate, at_step)`` change an
-    emulated device's rate (samples/s) before training step ``at_step``
-    (counted from 0, warm-up steps included): a card that throttles mid-run.
+    ``RunConfig(model, size, method, devices, batches, seconds=..., ...)``: ``devices`` are TensorFlow device
+    names, one per batch (and emulated device); ``label`` names the run. ``RunSpec`` documents the rest.
     """
 
-    model: str
-    size: str
-    method: str
-    devices: tuple[str, ...]
-    batches: tuple[int, ...]
-    seconds: float = 5.0
-    windows: int = 3
-    warmup_steps: int = 2
-    emulate: tuple[EmulatedDevice, ...] | None = None
-    input_delay_ms: float = 0.0
-    seed: int = 0
     label: str = ""
-    notes: tuple[str, ...] = field(default=())
-    rebalance_every: int | None = None
-    throttle: tuple[tuple[int, float, int], ...] = ()
-    data: str | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "devices", tuple(self.devices))
-        object.__setattr__(self, "batches", tuple(self.batches))
-        object.__setattr__(self, "throttle", tuple(
-            tuple(entry) if isinstance(entry, (list, tuple)) else entry for entry in self.throttle))
-        if self.emulate is not None:
-            object.__setattr__(self, "emulate", tuple(self.emulate))
-        self.validate()
-
-    @property
-    def batch(self) -> int:
-        return sum(self.batches)
+        super().__post_init__()
 
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first bad field."""
@@ -121,71 +69,15 @@ class RunConfig:
                 f"need one batch size per device: {len(self.devices)} devices {list(self.devices)} but "
                 f"{len(self.batches)} batches {list(self.batches)}"
             )
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batches):
-            raise InvalidValue(f"per-device batch sizes must be ints >= 1; got batches={list(self.batches)}")
-        if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds) and self.seconds > 0):
-            raise InvalidValue(f"seconds per window must be > 0; got seconds={self.seconds!r}")
-        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or self.windows < 1:
-            raise InvalidValue(f"windows must be an int >= 1; got windows={self.windows!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
-            raise InvalidValue(f"warmup_steps must be an int >= 1; got warmup_steps={self.warmup_steps!r}")
         if self.emulate is not None and len(self.emulate) != len(self.devices):
             raise InvalidValue(
                 f"need one emulated device per device: {len(self.devices)} devices but {len(self.emulate)} "
                 f"--emulate entries"
             )
-        self._validate_rebalance()
-        self._validate_stock()
-
-    def _validate_stock(self) -> None:
-        if self.method != RunMethod.KERAS:
-            return
-        if len(set(self.batches)) > 1:
-            even = sum(self.batches) // len(self.batches)
-            raise InvalidValue(
-                f"method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
-                f"{list(self.batches)}: use {len(self.batches)} equal batches such as {[even] * len(self.batches)}")
-
-    def _validate_rebalance(self) -> None:
-        every = self.rebalance_every
-        if every is not None:
-            if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-                raise InvalidValue(f"rebalance_every must be an int >= 1 (steps per window); got rebalance_every="
-                                   f"{every!r}")
-            if self.method not in PARALLEL_METHODS:
-                raise InvalidValue(f"rebalance_every needs a parallel method (towers or mirrored); got method "
-                                   f"{self.method!r}")
-        for entry in self.throttle:
-            check_throttle(entry, len(self.devices))
-            if self.emulate is None:
-                raise InvalidValue(f"throttle changes an emulated device's rate: it needs emulate=...; got "
-                                   f"throttle={[list(t) for t in self.throttle]} without emulated devices")
+        super().validate()
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out["emulate"] = None if self.emulate is None else [e.to_json() for e in self.emulate]
-        out["throttle"] = [{"device": i, "rate": rate, "at_step": step} for i, rate, step in self.throttle]
-        out["batch"] = self.batch
-        return out
-
-
-def check_throttle(entry, devices: int) -> tuple[int, float, int]:
-    """Checks one ``(device_index, rate, at_step)`` throttle entry for ``devices`` devices; returns it.
-
-    Raises:
-        ValueError: naming the entry: not three values, index out of range, rate not positive, step < 0.
-    """
-    if not isinstance(entry, tuple) or len(entry) != 3:
-        raise InvalidValue(f"a throttle entry is (device_index, rate, at_step); got {entry!r}")
-    index, rate, step = entry
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < devices:
-        raise InvalidValue(f"throttle device index must be 0..{devices - 1} ({devices} devices); got {index!r} in "
-                           f"{entry!r}")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (math.isfinite(rate) and rate > 0):
-        raise InvalidValue(f"throttle rate must be a positive number of samples/s; got {rate!r} in {entry!r}")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise InvalidValue(f"throttle step must be an int >= 0; got {step!r} in {entry!r}")
-    return entry
+        return {**super().to_json(), "batch": self.batch}
 
 
 def run_one(

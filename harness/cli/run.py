@@ -43,7 +43,7 @@ import sys
 from dataclasses import replace
 
 from harness.bench.console import Output, execute, execute_cluster, summary_text, warn_host_bound
-from harness.bench.runner import METHODS
+from harness.bench.runspec import METHODS
 from harness.cli import options
 from harness.errors import InvalidValue, Unavailable
 
@@ -103,6 +103,13 @@ def parse_throttle(entries, count: int | None = None) -> tuple[tuple[int, float,
             raise InvalidValue(f"--throttle INDEX must name one of the {count} devices (0..{count - 1}); got {entry!r}")
         out.append((index, rate, step))
     return tuple(out)
+
+
+def _spec_options(args) -> dict:
+    """The run's options from the command line, for ``RunConfig`` (``harness.bench.runspec.RunSpec``'s fields)."""
+    return dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
+                input_delay_ms=args.input_delay_ms, seed=args.seed, rebalance_every=args.rebalance,
+                throttle=parse_throttle(args.throttle), data=args.data)
 
 
 def _batches(args, devices) -> tuple[int, ...]:
@@ -167,10 +174,7 @@ def run(args) -> int:
     setup = options.setup_devices(args)
     method = args.method or ("towers" if len(setup.devices) > 1 else "single")
     config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
-                       _batches(args, setup.devices), seconds=args.seconds, windows=args.windows,
-                       warmup_steps=args.warmup_steps, emulate=setup.emulate, input_delay_ms=args.input_delay_ms,
-                       seed=args.seed, rebalance_every=args.rebalance, throttle=parse_throttle(args.throttle),
-                       data=args.data)
+                       _batches(args, setup.devices), emulate=setup.emulate, **_spec_options(args))
     out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind})
     out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} device(s), batch "
             f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s")
@@ -267,10 +271,8 @@ def cluster_plan(args):
     setup = options.DeviceSetup(names, specs, "emulated" if specs is not None else "GPU",
                                 "" if specs is None else "emulated devices, each worker its own: " + "; ".join(
                                     f"{n.split('/', 3)[-1]} = {spec}" for n, spec in zip(names, specs)))
-    config = RunConfig(args.model, options.default_size(args, setup), method, names, batches, seconds=args.seconds,
-                       windows=args.windows, warmup_steps=args.warmup_steps, emulate=specs,
-                       input_delay_ms=args.input_delay_ms, seed=args.seed, throttle=parse_throttle(args.throttle),
-                       rebalance_every=args.rebalance, data=args.data)
+    config = RunConfig(args.model, options.default_size(args, setup), method, names, batches, emulate=specs,
+                       **_spec_options(args))
     if method == "keras":  # which Keras, and how its fit feeds the global batch: in the record and the output
         from harness.bench.cluster_run import stock_input_text, stock_keras_name, stock_note, stock_refusal_text
 
@@ -278,11 +280,7 @@ def cluster_plan(args):
             raise Unavailable(stock_refusal_text())  # no tf_keras here
 
         config = replace(config, notes=(stock_note(), stock_input_text(batches)))
-    plan = ClusterPlan(config.model, config.size, method, tuple(counts), batches, seconds=config.seconds,
-                       windows=config.windows, warmup_steps=config.warmup_steps, emulate=specs,
-                       input_delay_ms=config.input_delay_ms, seed=config.seed, throttle=config.throttle, kind=kind,
-                       notes=config.notes, rebalance_every=config.rebalance_every, data=config.data)
-    return plan, config, setup
+    return ClusterPlan.from_spec(config, counts=tuple(counts), kind=kind), config, setup
 
 
 def run_cluster(args) -> int:
