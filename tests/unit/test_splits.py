@@ -60,3 +60,27 @@ def test_compare_checks_each_ratio_at_the_edge(capsys, value, said):
 
     assert main(["compare", "--ratios", "3", value]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_compare_splits_its_ratios_with_the_one_function(monkeypatch, tmp_path):
+    """``harness compare --ratios 3 2``: each value checked by argparse, the count by compare, then the even and
+    ratio rows come from ``splits.split_batches`` given the parsed ratios as they are (no other arithmetic)."""
+    from harness.bench.tuning import splits
+    from harness.cli import compare, main
+
+    monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr(compare, "_execute", lambda config, setup, out: {  # no training: a run's record, made up
+        "status": "complete", "config": config.to_json(), "summary": {"samples_per_second": {"median": 100.0}}})
+    monkeypatch.setattr(compare, "_report", lambda args, out, rows, setup: 0)
+    calls, shared = [], splits.split_batches
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs.get("ratios"), shared(*args, **kwargs)))
+        return calls[-1][-1]
+
+    monkeypatch.setattr(splits, "split_batches", spy)
+    assert main(["compare", "--model", "wide_mlp", "--emulate", "2000,1000", "--ratios", "3", "2", "--batch", "100",
+                 "--no-tune", "--no-stock", "--methods", "towers", "--seconds", "0.1", "--windows", "1"]) == 0
+    assert calls == [(("even", 100, 2), [3.0, 2.0], (50, 50)), (("ratio", 100, 2), [3.0, 2.0], (60, 40))]
+    assert main(["compare", "--emulate", "2000,1000", "--ratios", "3", "2", "1"]) == 2  # the count, at the edge
+    assert len(calls) == 2
