@@ -498,7 +498,8 @@ _NIGHTLY_JOBS = r"""  bench:
         run: |
           mkdir -p .asv/results
           cp -R .asv/results "$RUNNER_TEMP/asv-results"
-          if [ -d ".asv/results/${ASV_MACHINE}" ]; then asv publish && cp -R .asv/html "$RUNNER_TEMP/asv-html"; fi
+          # harness dashboard: asv publish with its scripts and styles beside it (the page renders offline)
+          if [ -d ".asv/results/${ASV_MACHINE}" ]; then harness dashboard && cp -R .asv/html "$RUNNER_TEMP/asv-html"; fi
       - uses: @@UPLOAD_ARTIFACT@@
         with:
           name: harness-asv-results
