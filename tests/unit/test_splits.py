@@ -66,9 +66,13 @@ def test_compare_splits_its_ratios_with_the_one_function(monkeypatch, tmp_path):
     """``harness compare --ratios 3 2``: each value checked by argparse, the count by compare, then the even and
     ratio rows come from ``splits.split_batches`` given the parsed ratios as they are (no other arithmetic)."""
     from harness.bench.tuning import splits
-    from harness.cli import compare, main
+    from harness.cli import compare, main, options
+    from harness.emulate import parse_emulate
 
     monkeypatch.setenv("HARNESS_RESULTS_DIR", str(tmp_path))
+    # No TensorFlow in this process: its devices, once made, would be every later test's in this worker.
+    monkeypatch.setattr(options, "setup_devices", lambda args: options.DeviceSetup(
+        ("/device:CPU:0", "/device:CPU:1"), parse_emulate(args.emulate), "emulated"))
     monkeypatch.setattr(compare, "_execute", lambda config, setup, out: {  # no training: a run's record, made up
         "status": "complete", "config": config.to_json(), "summary": {"samples_per_second": {"median": 100.0}}})
     monkeypatch.setattr(compare, "_report", lambda args, out, rows, setup: 0)
