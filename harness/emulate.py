@@ -35,19 +35,21 @@ this host's speed, not the emulated device's (``BusyTime.host_bound``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from harness.errors import InvalidValue
 
-__all__ = ["EmulatedDevice", "Emulator", "parse_emulate", "BusyTime", "Event", "HOST_BOUND_SHARE", "add_zero",
+__all__ = ["EmulatedDevice", "Link", "LINKS", "parse_link", "Emulator", "parse_emulate", "BusyTime", "Event",
+           "HOST_BOUND_SHARE", "Token", "nbytes", "add_zero",
            "host_bound_text"]
 
 # A device late in more than this share of its steps is host-bound. One step in ten may meet a busy
@@ -57,13 +59,94 @@ HOST_BOUND_SHARE = 0.1
 _ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]*)\s*)?(?::\s*([^:\s]+)\s*)?$")
 
 
+# Each PCIe lane moves 8 (3.0), 16 (4.0) or 32 (5.0) GT/s with 128b/130b encoding: 0.985, 1.97 and 3.94 GB/s
+# each way. NVLink: 25 GB/s each way per link; 6 links on a V100 (2.0), 12 on an A100 (3.0), 18 on an H100
+# (4.0). These are the specifications' figures each way; what a program gets is lower (give a measured figure
+# as GB_PER_S). The latency per transfer is an assumption, not a measurement: set yours (LINK/LATENCY_US).
+DEFAULT_LATENCY_US = 10.0
+_LANE_GB_PER_S = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A device's link: ``gb_per_s`` (10^9 bytes per second each way) and ``latency_us`` per transfer.
+
+    A transfer of ``b`` bytes takes ``latency_us / 1e6 + b / (gb_per_s * 1e9)`` seconds (``seconds``);
+    ``name`` is the preset's (``LINKS``), if it is one.
+    """
+
+    gb_per_s: float
+    latency_us: float = DEFAULT_LATENCY_US
+    name: str = ""
+
+    def __post_init__(self):
+        if not (isinstance(self.gb_per_s, (int, float)) and math.isfinite(self.gb_per_s) and self.gb_per_s > 0):
+            raise InvalidValue(f"a link's bandwidth must be a positive number of GB/s; got {self.gb_per_s!r}")
+        if not (isinstance(self.latency_us, (int, float)) and math.isfinite(self.latency_us)
+                and self.latency_us >= 0):
+            raise InvalidValue(f"a link's latency must be a number of microseconds >= 0; got {self.latency_us!r}")
+
+    def __str__(self) -> str:
+        return f"{self.name + ' ' if self.name else ''}{self.gb_per_s:.3g} GB/s, {self.latency_us:g} us"
+
+    def seconds(self, nbytes: float, transfers: int = 1) -> float:
+        """The time of ``transfers`` transfers of ``nbytes`` bytes together (none: 0)."""
+        if transfers <= 0 or nbytes <= 0:
+            return 0.0
+        return transfers * self.latency_us / 1e6 + nbytes / (self.gb_per_s * 1e9)
+
+    def to_json(self) -> dict:
+        return {"gb_per_s": self.gb_per_s, "latency_us": self.latency_us, "name": self.name}
+
+
+#: named links: PCIe 3.0, 4.0 and 5.0 at 8 and 16 lanes, NVLink 2.0, 3.0 and 4.0 (each way, the specification's)
+LINKS = {
+    **{f"pcie{gen}x{lanes}": Link(round(lanes * lane, 2), DEFAULT_LATENCY_US, f"pcie{gen}x{lanes}")
+       for gen, lane in _LANE_GB_PER_S.items() for lanes in (8, 16)},
+    **{f"nvlink{gen}": Link(25.0 * links, DEFAULT_LATENCY_US, f"nvlink{gen}") for gen, links in ((2, 6), (3, 12),
+                                                                                                 (4, 18))},
+}
+
+
+def parse_link(text: str) -> Link:
+    """``NAME[/LATENCY_US]`` (a ``LINKS`` preset) or ``GB_PER_S[/LATENCY_US]``.
+
+    Raises:
+        ValueError: naming the text: an unknown name, a bandwidth or latency that is not a number or out of range.
+
+    Example:
+        >>> parse_link("pcie3x16/5")
+        Link(gb_per_s=15.75, latency_us=5.0, name='pcie3x16')
+    """
+    body, _, latency_text = text.strip().partition("/")
+    body = body.strip().lower()
+    try:
+        latency = DEFAULT_LATENCY_US if not latency_text.strip() else float(latency_text)
+    except ValueError:
+        raise InvalidValue(f"a link's latency must be a number of microseconds; got {latency_text.strip()!r} in "
+                           f"{text.strip()!r}") from None
+    if body in LINKS:
+        return Link(LINKS[body].gb_per_s, latency, body)
+    try:
+        gb_per_s = float(body)
+    except ValueError:
+        raise InvalidValue(f"a link is one of {', '.join(LINKS)} or a bandwidth in GB/s (each with an optional "
+                           f"/LATENCY_US); got {text.strip()!r}") from None
+    return Link(gb_per_s, latency)
+
+
 @dataclass(frozen=True)
 class EmulatedDevice:
-    """A device that processes ``rate`` samples/s after ``overhead_ms`` per step, at most ``max_batch`` samples."""
+    """A device that processes ``rate`` samples/s after ``overhead_ms`` per step, at most ``max_batch`` samples.
+
+    With a ``link``, each step also pays for the bytes it moves: in before its computation (its input slice,
+    the weights it reads from another device), out after it (its gradients, or its outputs in inference).
+    """
 
     rate: float
     max_batch: int | None = None
     overhead_ms: float = 0.0
+    link: Link | None = None
 
     def __post_init__(self):
         if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate > 0):
@@ -74,41 +157,67 @@ class EmulatedDevice:
         if not (isinstance(self.overhead_ms, (int, float)) and math.isfinite(self.overhead_ms)
                 and self.overhead_ms >= 0):
             raise InvalidValue(f"emulated OVERHEAD_MS must be a number >= 0; got overhead_ms={self.overhead_ms!r}")
+        if isinstance(self.link, Mapping):  # to_json's form, read back
+            object.__setattr__(self, "link", Link(**self.link))
+        if self.link is not None and not isinstance(self.link, Link):
+            raise InvalidValue(f"an emulated device's link is a harness.emulate.Link; got link={self.link!r}")
 
     def __str__(self) -> str:
         return (f"{self.rate:g} sps" + (f" + {self.overhead_ms:g} ms/step" if self.overhead_ms else "")
-                + (f", max batch {self.max_batch}" if self.max_batch is not None else ""))
+                + (f", max batch {self.max_batch}" if self.max_batch is not None else "")
+                + (f", link {self.link}" if self.link is not None else ""))
 
-    def step_seconds(self, batch: int) -> float:
-        """The emulated time of one step on ``batch`` samples."""
-        return self.overhead_ms / 1000.0 + batch / self.rate
+    def step_seconds(self, batch: int, moved: Sequence[tuple[float, int]] = ()) -> float:
+        """The emulated time of one step on ``batch`` samples that moves ``moved``: ``(bytes, transfers)`` pairs
+        over its link (nothing without a link)."""
+        return self.overhead_ms / 1000.0 + batch / self.rate + self.link_seconds(moved)
+
+    def link_seconds(self, moved: Sequence[tuple[float, int]]) -> float:
+        """The time ``moved`` (``(bytes, transfers)`` pairs) takes over the link; 0 without one."""
+        return 0.0 if self.link is None else sum(self.link.seconds(b, n) for b, n in moved)
+
+    def with_rate(self, rate: float) -> EmulatedDevice:
+        """This device at another speed (a card that throttles)."""
+        return EmulatedDevice(rate, self.max_batch, self.overhead_ms, self.link)
 
     def to_json(self) -> dict:
-        return {"rate": self.rate, "max_batch": self.max_batch, "overhead_ms": self.overhead_ms}
+        out: dict[str, Any] = {"rate": self.rate, "max_batch": self.max_batch, "overhead_ms": self.overhead_ms}
+        if self.link is not None:  # without one, the record reads as before links existed
+            out["link"] = self.link.to_json()
+        return out
 
 
 def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
-    """Parses ``RATE[:MAXBATCH[:OVERHEAD_MS]],...`` (or a list of such entries) into devices.
+    """Parses ``RATE[:MAXBATCH[:OVERHEAD_MS]][@LINK],...`` (or a list of such entries) into devices.
 
     An empty MAXBATCH (``1000::20``) means no memory ceiling; 0 a device that
-    cannot even hold the model (every step runs out of memory).
+    cannot even hold the model (every step runs out of memory). ``@LINK`` gives
+    the device a link (``parse_link``): a preset such as ``pcie3x16`` or a
+    bandwidth in GB/s, each with an optional ``/LATENCY_US`` (``875@pcie3x8``,
+    ``1000::5@12/8``).
 
     Raises:
-        ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1, overhead < 0.
+        ValueError: naming the bad entry: not a number, rate <= 0, MAXBATCH < 1, overhead < 0, a bad link.
 
     Example:
         >>> parse_emulate("1345:1100,875")[1]
-        EmulatedDevice(rate=875.0, max_batch=None, overhead_ms=0.0)
+        EmulatedDevice(rate=875.0, max_batch=None, overhead_ms=0.0, link=None)
     """
     entries = [spec] if isinstance(spec, str) else list(spec)
     items = [part for entry in entries for part in str(entry).split(",")]
     if not items or any(not part.strip() for part in items):
-        raise InvalidValue(f"--emulate wants RATE[:MAXBATCH[:OVERHEAD_MS]] entries separated by commas; got {spec!r}")
+        raise InvalidValue(f"--emulate wants RATE[:MAXBATCH[:OVERHEAD_MS]][@LINK] entries separated by commas; got "
+                           f"{spec!r}")
     devices = []
-    for part in items:
+    for item in items:
+        part, at, link_text = item.partition("@")
+        if at and not link_text.strip():
+            raise InvalidValue(f"--emulate entry {item.strip()!r} ends in '@': name a link after it (one of "
+                               f"{', '.join(LINKS)}, or GB_PER_S[/LATENCY_US])")
+        link = parse_link(link_text) if at else None
         match = _ENTRY.match(part)
         if not match:
-            raise InvalidValue(f"--emulate entry must be RATE[:MAXBATCH[:OVERHEAD_MS]]; got {part.strip()!r}")
+            raise InvalidValue(f"--emulate entry must be RATE[:MAXBATCH[:OVERHEAD_MS]][@LINK]; got {item.strip()!r}")
         rate_text, max_text, overhead_text = match.groups()
         try:
             rate = float(rate_text)
@@ -132,7 +241,7 @@ def parse_emulate(spec: str | Sequence[str]) -> tuple[EmulatedDevice, ...]:
                 raise InvalidValue(
                     f"emulated OVERHEAD_MS must be a number of milliseconds; got {overhead_text!r} in {part.strip()!r}"
                 ) from None
-        devices.append(EmulatedDevice(rate, max_batch, overhead))
+        devices.append(EmulatedDevice(rate, max_batch, overhead, link))
     return tuple(devices)
 
 
@@ -142,6 +251,8 @@ class Event(NamedTuple):
     ``work`` is the real time of the step's computation (begin to the end op's
     start, before any sleep); ``late`` says an emulated device's work ran past
     its emulated deadline (the emulation could not slow it down to its rate).
+    ``moved`` is the bytes the step moved over the device's link (in and out),
+    ``link`` the seconds they were charged (0 without a link).
     """
 
     device: str
@@ -150,6 +261,8 @@ class Event(NamedTuple):
     samples: int
     work: float | None = None  # None: end - start (a timed device never sleeps)
     late: bool = False
+    moved: int = 0
+    link: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +271,8 @@ class BusyTime:
 
     ``work_seconds`` is the real computing time of those steps (all of their
     busy time for a timed device); ``late_steps`` counts the steps whose real
-    work ran past the emulated deadline.
+    work ran past the emulated deadline. ``moved_bytes`` and ``link_seconds``: what
+    its steps moved over its link and the time charged for it (part of ``seconds``).
     """
 
     device: str
@@ -167,6 +281,8 @@ class BusyTime:
     steps: int
     work_seconds: float = 0.0
     late_steps: int = 0
+    moved_bytes: int = 0
+    link_seconds: float = 0.0
 
     @property
     def rate(self) -> float | None:
@@ -231,8 +347,7 @@ class Emulator:
         """Changes an emulated device's speed from its next step on (a card that throttles or recovers)."""
         if device not in self.devices:
             raise InvalidValue(f"{device!r} is not an emulated device; emulated: {sorted(self.devices)}")
-        old = self.devices[device]
-        self.devices[device] = EmulatedDevice(rate, old.max_batch, old.overhead_ms)
+        self.devices[device] = self.devices[device].with_rate(rate)
 
     def add_timed(self, devices: Sequence[str]) -> None:
         """Times these devices too (those not emulated or timed yet); step functions traced before miss them."""
@@ -244,13 +359,20 @@ class Emulator:
         return tuple(self.devices) + self.timed
 
     # -- graph ops -----------------------------------------------------------
-    def begin(self, device: str, x):
-        """Gates ``x`` (a device's input slice) on the begin op; returns ``(x, token)``."""
+    def begin(self, device: str, x, reads: tuple[int, int] = (0, 0)):
+        """Gates ``x`` (a device's input slice) on the begin op; returns ``(x, token)``.
+
+        The step moves ``x`` in over the device's link (its bytes measured from the tensors) and ``reads``:
+        ``(bytes, transfers)`` it reads from another device before computing (the weights).
+        """
         import tensorflow as tf
 
         if device not in self.logged:
             return x, None
         leaf = tf.nest.flatten(x)[0]
+        with tf.device(device):
+            size, count = nbytes(x)
+        moved_in = (size + reads[0], count + reads[1])
 
         def start(batch):
             n = len(batch)
@@ -271,37 +393,44 @@ class Emulator:
             started.set_shape(())
             zero.set_shape(())
             x = add_zero(x, zero)
-        return x, (started, tf.shape(leaf)[0])
+        return x, Token(started, tf.shape(leaf)[0], moved_in, (tf.constant(0, tf.int64), 0))
 
-    def end(self, device: str, y, token):
-        """Gates ``y`` (the device's output) on the end op, which sleeps out the emulated time."""
+    def end(self, device: str, y, token, sends: bool = False):
+        """Gates ``y`` (the device's output) on the end op, which sleeps out the emulated time; ``sends``: the
+        output leaves the device over its link (to the device that merges the outputs)."""
         import tensorflow as tf
 
         if token is None:
             return y
-        return add_zero(y, self.finish(device, token, after=tf.nest.flatten(y)[0]))
+        return add_zero(y, self.finish(device, token, after=tf.nest.flatten(y)[0], sent=y if sends else None))
 
-    def finish(self, device: str, token, after):
+    def finish(self, device: str, token, after, sent=None):
         """The end op: runs once ``after`` exists, sleeps until the emulated end, returns an exact 0.
 
         Training steps pass the device's last backward result as ``after`` and
         add the zero to the gradients, so the emulated time covers the device's
-        forward and backward work, as a real device's step time does.
+        forward and backward work, as a real device's step time does. ``sent``:
+        what the step moves out over the device's link after computing (its
+        gradients), as well as what the token says it sends (``Token.sending``).
         """
         import tensorflow as tf
 
-        started, n = token
+        if sent is not None:
+            token = token.sending(sent, device)
+        started, n = token.started, token.samples
+        (in_bytes, in_count), (out_bytes, out_count) = token.moved_in, token.moved_out
 
-        def finish(t0, count, _after):
-            t0, count = float(t0), int(count)
+        def finish(t0, count, got, sends, _after):
+            t0, count, got, sends = float(t0), int(count), int(got), int(sends)
             spec = self.devices.get(device)  # read per step: set_rate applies from the next step
-            deadline = t0 + spec.step_seconds(count) if spec is not None else t0
+            link = 0.0 if spec is None else spec.link_seconds([(got, in_count), (sends, out_count)])
+            deadline = t0 + spec.step_seconds(count) + link if spec is not None else t0
             now = time.perf_counter()
             if deadline > now:
                 time.sleep(deadline - now)
             late = spec is not None and now > deadline  # the host could not keep up with the emulated rate
             with self._lock:  # stamped under the lock: the log stays in order of end time
-                self._events.append(Event(device, t0, time.perf_counter(), count, now - t0, late))
+                self._events.append(Event(device, t0, time.perf_counter(), count, now - t0, late, got + sends, link))
                 if len(self._events) > self.MAX_EVENTS:
                     del self._events[: len(self._events) // 2]
             return np.float32(0.0)
@@ -314,7 +443,8 @@ class Emulator:
             if isinstance(leaf, tf.IndexedSlices):
                 leaf = leaf.values
             probe = tf.reshape(leaf, [-1])[:1]
-            zero = tf.numpy_function(finish, [started, n, probe], tf.float32, stateful=False, name="emulate_end")
+            zero = tf.numpy_function(finish, [started, n, in_bytes, out_bytes, probe], tf.float32, stateful=False,
+                                     name="emulate_end")
             zero.set_shape(())
         return zero
 
@@ -330,7 +460,8 @@ class Emulator:
                 work = event.end - event.start if event.work is None else event.work  # whole: with its samples
                 totals[event.device] = BusyTime(event.device, t.seconds + (event.end - max(event.start, t0)),
                                                 t.samples + event.samples, t.steps + 1, t.work_seconds + work,
-                                                t.late_steps + int(event.late))
+                                                t.late_steps + int(event.late), t.moved_bytes + event.moved,
+                                                t.link_seconds + event.link)
         return totals
 
     def host_bound_between(self, t0: float, t1: float) -> list[dict]:
@@ -361,6 +492,41 @@ class _EndTimes:
 
     def __getitem__(self, i: int) -> float:
         return self._events[i][2]
+
+
+class Token(NamedTuple):
+    """What a device's begin op hands its end op: the start stamp, the slice's samples, and the bytes (an int64
+    tensor) and transfers (an int) the step moves in before computing and out after it."""
+
+    started: object
+    samples: object
+    moved_in: tuple
+    moved_out: tuple
+
+    def sending(self, structure, device: str | None = None) -> Token:
+        """This token, the step also moving ``structure`` out over the link after computing."""
+        import tensorflow as tf
+
+        with tf.device(device) if device else contextlib.nullcontext():
+            size, count = nbytes(structure)
+        return self._replace(moved_out=(self.moved_out[0] + size, self.moved_out[1] + count))
+
+
+def nbytes(structure) -> tuple:
+    """``(bytes, tensors)`` of a structure of tensors: the bytes an int64 tensor measured from them (their
+    dynamic sizes; sparse and ragged ones by their components, strings by their lengths), the count an int."""
+    import tensorflow as tf
+
+    sizes = []
+    for leaf in tf.nest.flatten(structure, expand_composites=True):
+        if leaf is None:
+            continue
+        leaf = tf.convert_to_tensor(leaf)
+        if leaf.dtype == tf.string:
+            sizes.append(tf.reduce_sum(tf.cast(tf.strings.length(leaf), tf.int64)))
+        else:
+            sizes.append(tf.size(leaf, out_type=tf.int64) * leaf.dtype.size)
+    return (tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)), len(sizes)
 
 
 def add_zero(structure, zero):

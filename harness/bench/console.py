@@ -100,14 +100,17 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
         return head + " (" + ", ".join(
             f"{d['device'].split('/')[-1].removeprefix('device:')} {d['samples_per_second']:.0f}"
             + ("" if d.get("busy_fraction") is None else f" at {100 * d['busy_fraction']:.0f}% busy")
+            + ("" if d.get("link_fraction") is None else f", {100 * d['link_fraction']:.0f}% on its link")
             + (f", HOST-BOUND: late {d['late_steps']}/{d['logged_steps']}, host {d['host_rate']:.0f}"
                if d.get("host_bound") else "")
             for d in devices) + ")"
     has_busy = any("busy_fraction" in d for d in devices)
     has_host = any("late_steps" in d for d in devices)
     has_gpu = any(d.get("telemetry") for d in devices)
+    has_link = any("link" in d for d in devices)
     headers = ["device", "batch", "samples/s"] + (["busy", "busy sps"] if has_busy else [])
     headers += ["late", "host sps"] if has_host else []
+    headers += ["link", "MB/step", "on link"] if has_link else []
     headers += ["GPU util", "GPU mem", "power", "temp", "SM clock"] if has_gpu else []
     rows = []
     for d in devices:
@@ -117,6 +120,11 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
         if has_host:
             row += ["-" if "late_steps" not in d else f"{d['late_steps']}/{d['logged_steps']}",
                     _fmt(d.get("host_rate"), "{:.0f}")]
+        if has_link:
+            link = d.get("link")
+            row += ["-" if link is None else (link["name"] or f"{link['gb_per_s']:g} GB/s"),
+                    _fmt(None if d.get("moved_bytes_per_step") is None else d["moved_bytes_per_step"] / 1e6, "{:.2f}"),
+                    _fmt(d.get("link_fraction"), "{:.0%}")]
         if has_gpu:
             tel = d.get("telemetry") or {}
             row += [_fmt(_mean(tel, "utilization_pct"), "{:.0f}%"), _fmt(_max(tel, "memory_used_mib"), "{:.0f} MiB"),
@@ -130,6 +138,9 @@ def window_text(window: dict, windows: int, prefix: str = "", compact: bool = Fa
     if has_host:
         legend += ("\n   late: steps whose real work ran past the emulated deadline; host sps: the rate this host "
                    "computed the slices at")
+    if has_link:
+        legend += ("\n   link: the emulated device's link; MB/step: what a step moved over it (slice and weights in, "
+                   "gradients and outputs out); on link: the share of its busy time charged for that")
     return (head + "\n" + "\n".join("   " + line for line in table.splitlines()) + "\n" + legend
             + _resplit_text(window) + _workers_text(window))
 

@@ -341,6 +341,11 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
                        rows_per_step=busy[device].samples / busy[device].steps if busy[device].steps else None,
                        late_steps=busy[device].late_steps, host_rate=busy[device].host_rate,
                        host_bound=busy[device].host_bound)
+            if emulator.devices[device].link is not None:  # what crossed its link, and the share of its busy time
+                b = busy[device]
+                row.update(link=emulator.devices[device].link.to_json(),
+                           moved_bytes_per_step=b.moved_bytes / b.steps if b.steps else None,
+                           link_fraction=b.link_seconds / b.seconds if b.seconds > 0 else None)
         stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None
         if stats:
             row["telemetry"] = {name: asdict(s) for name, s in stats.items()}
@@ -364,6 +369,10 @@ def _summary(windows: Sequence[dict]) -> dict:
             entry["busy_rate"] = summarize([r["busy_rate"] for r in rows if r["busy_rate"] is not None])
         if "late_steps" in first:
             entry.update(_host_figures(rows))
+        if "link" in first:
+            entry.update(link=first["link"], moved_bytes_per_step=summarize(
+                [r["moved_bytes_per_step"] for r in rows if r["moved_bytes_per_step"] is not None]),
+                link_fraction=summarize([r["link_fraction"] for r in rows if r["link_fraction"] is not None]))
         out["devices"].append(entry)
     out["host_bound"] = [{"device": d["device"], "emulated_rate": d["emulated_rate"], "host_rate": d["host_rate"],
                           "late_share": d["late_share"]} for d in out["devices"] if d.get("host_bound")]

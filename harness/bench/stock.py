@@ -24,6 +24,7 @@ MultiWorkerMirroredStrategy).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,12 +95,20 @@ def emulated_class(k):
             self.finish_gate = self.add_weight(name="emulation_finish", shape=(), initializer="zeros",
                                                trainable=True)
 
+        def _all_reduce_share(self):
+            n = len(self.emulated_devices)
+            weights = self.inner.trainable_weights
+            size = sum(math.prod(int(d) for d in tuple(w.shape)) * tf.as_dtype(w.dtype).size for w in weights)
+            return (0, 0) if n < 2 else (int(2 * (n - 1) / n * size), len(weights))
+
         def call(self, x, training=None):
             ctx = tf.distribute.get_replica_context()
             if ctx is None:  # cross-replica (Keras' symbolic build): nothing runs
                 return self.inner(x, training=training)
             device = self.emulated_devices[int(tf.get_static_value(ctx.replica_id_in_sync_group))]
-            x, token = self.emulator.begin(device, x)
+            # An emulated link pays for the slice and for this replica's part of the stock all-reduce of the
+            # gradients (a ring: 2 (n - 1) / n of their bytes sent and as many received by each replica).
+            x, token = self.emulator.begin(device, x, reads=self._all_reduce_share() if training else (0, 0))
             if token is not None and training:
                 x = _gated(x, self.finish_gate, lambda after: self.emulator.finish(device, token, after))
             y = self.inner(x, training=training)

@@ -201,7 +201,7 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     """``harness tune``'s split of ``batch``: profile each device alone, then ``splits.split_batches("tuned")``."""
     from harness.bench import workloads
     from harness.bench.tuning.splits import TUNED_MARGIN, split_batches, usable_ceilings
-    from harness.bench.tuning.tuner import host_bound_entries, profile_devices
+    from harness.bench.tuning.tuner import host_bound_entries, linked_models, profile_devices
     from harness.errors import Refused
 
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
@@ -219,9 +219,11 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
 
         text = host_bound_text(out.record["tuning"]["host_bound"])
         print(f"harness compare: warning: tuned split's profiles: {text}", file=sys.stderr)
+    models, links = linked_models(probes, specs)  # an emulated link's exchange with the merge device counted
+    if any(links):
+        out.record["tuning"]["links"] = links
     try:
-        split = split_batches("tuned", batch, len(ceilings), models=[fit.model for _, fit in probes],
-                              ceilings=ceilings)
+        split = split_batches("tuned", batch, len(ceilings), models=models, ceilings=ceilings)
     except Refused as err:
         out.record["tuning"]["error"] = str(err)
         out.say(out.record["tuning"]["error"])

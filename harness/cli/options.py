@@ -62,9 +62,10 @@ def add_common(p, *, seconds: float, windows: int) -> None:
     p.add_argument("--devices", "--gpus", nargs="+", metavar="DEV", dest="devices",
                    help="GPU ids or device names, e.g. --gpus 0 1 (without a GPU, ids name logical CPUs)")
     p.add_argument("--logical-cpus", type=int, metavar="N", help="split the CPU into N logical devices")
-    p.add_argument("--emulate", metavar="RATE[:MAXBATCH[:MS]],...",
-                   help="emulated devices on logical CPUs: samples/s, optional memory ceiling (samples per step) "
-                        f"and fixed cost per step in ms, e.g. 1345,875 or {SEED_000_EMULATE} or 1438:1100:49 "
+    p.add_argument("--emulate", metavar="RATE[:MAXBATCH[:MS]][@LINK],...",
+                   help="emulated devices on logical CPUs: samples/s, optional memory ceiling (samples per step), "
+                        "fixed cost per step in ms and link (pcie3x8, pcie3x16, pcie4x16, ..., nvlink3, or GB/s; "
+                        f"/LATENCY_US), e.g. 1345,875 or {SEED_000_EMULATE} or 1438:1100:49@pcie3x16 "
                         f"(default without GPUs: {SEED_000_EMULATE})")
     p.add_argument("--seconds", type=float, default=seconds, help=f"seconds per timing window (default {seconds:g})")
     p.add_argument("--windows", type=int, default=windows, help=f"timing windows (default {windows})")

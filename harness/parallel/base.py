@@ -135,6 +135,9 @@ class ParallelModel(ParallelCommon):
         deferred = {device for device, _, _ in pending}
         outputs = [out if d in deferred else self._end_device(d, out, token)
                    for d, out, token in zip(devices, outputs, tokens)]
+        # A device off the merge device sends its outputs there (an emulated link pays for them at its end).
+        sent = {d: out for d, out in zip(devices, outputs) if self._is_remote(d)}
+        pending = [(d, token.sending(sent[d], d) if d in sent else token, leaf) for d, token, leaf in pending]
         with tf.device(merge_device) if merge_device else contextlib.nullcontext():
             towers = [self._as_share(tower, shares[i]) for i, tower in enumerate(losses)]
             if rows is not None:  # an empty tower's borrowed row adds nothing
@@ -143,10 +146,12 @@ class ParallelModel(ParallelCommon):
         return outputs, extra, pending
 
     def _finish_towers(self, grads, pending, input_grads, after):
-        """``grads`` once each pending emulated device finished, when its backward pass reached its input."""
+        """``grads`` once each pending emulated device finished, when its backward pass reached its input (a
+        device off the merge device sends its gradients there over its emulated link)."""
         if not pending:
             return grads
-        zeros = [self.emulator.finish(device, token, after=after if g is None else g)
+        zeros = [self.emulator.finish(device, token, after=after if g is None else g,
+                                      sent=grads if self._is_remote(device) else None)
                  for (device, token, _), g in zip(pending, input_grads)]
         return add_zero_where_present(grads, tf.add_n(zeros))
 

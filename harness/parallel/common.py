@@ -7,6 +7,7 @@ needed, it is the one of the model's own Keras (``compat.keras_module_of``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import tensorflow as tf
@@ -33,6 +34,7 @@ class ParallelCommon:
     ratios: tuple[float, ...]
     merge_device: str
     template: Any
+    core: Any
     train_function: Any
     test_function: Any
     predict_function: Any
@@ -119,13 +121,38 @@ class ParallelCommon:
         here; across workers each measures its own and they are gathered (``multiworker``)."""
         return rows
 
-    def _begin_device(self, device: str, x):
-        """``(x, token)``: the device's slice, gated on its emulated start (if emulated or timed)."""
-        return (x, None) if self.emulator is None else self.emulator.begin(device, x)
+    def _begin_device(self, device: str, x, weights: bool = True):
+        """``(x, token)``: the device's slice, gated on its emulated start (if emulated or timed).
+
+        An emulated link carries the slice in, and on a device other than the merge device, with ``weights``,
+        the trained weights: towers read them from it, mirrored receives each update from it
+        (``_remote_weights``; mirrored's inference reads its own copies: ``weights=False``).
+        """
+        if self.emulator is None:
+            return x, None
+        return self.emulator.begin(device, x, reads=self._remote_weights(device) if weights else (0, 0))
 
     def _end_device(self, device: str, y, token):
-        """The device's output, gated on its emulated finish (if emulated or timed)."""
-        return y if token is None else self.emulator.end(device, y, token)
+        """The device's output, gated on its emulated finish (if emulated or timed); off the merge device, the
+        output crosses the link to it."""
+        return y if token is None else self.emulator.end(device, y, token, sends=self._is_remote(device))
+
+    def _is_remote(self, device: str) -> bool:
+        """Whether ``device`` is another device than the merge device (what it exchanges crosses its link)."""
+        def key(name):
+            spec = tf.DeviceSpec.from_string(name)
+            return spec.job, spec.task, (spec.device_type or "").upper(), spec.device_index or 0
+
+        here, merge = key(device), key(self.merge_device)
+        return here[2:] != merge[2:] or (here[1] is not None and merge[1] is not None and here[1] != merge[1])
+
+    def _remote_weights(self, device: str) -> tuple[int, int]:
+        """``(bytes, tensors)`` of the trained weights, for a device other than the merge device; else none."""
+        if not self._is_remote(device):
+            return 0, 0
+        weights = self.core.trainable_weights
+        # Keras 3's variables give their shape as a tuple and their dtype as a name; Keras 2's as TensorFlow's
+        return sum(math.prod(int(d) for d in tuple(w.shape)) * tf.as_dtype(w.dtype).size for w in weights), len(weights)
 
     # -- compile: never XLA -----------------------------------------------------
     def compile(self, *args, jit_compile=None, **kwargs):

@@ -188,7 +188,9 @@ class Mirrored(ParallelModel):
             if token is not None:
                 # An emulated device finishes after its backward pass: the first layer's gradients come last.
                 after = next((g for g in grads if g is not None), y_local)
-                grads = add_zero_where_present(grads, self.emulator.finish(device, token, after))
+                # Off the merge device, its gradients and outputs cross its emulated link to the merge device.
+                sent = (grads, y_local) if self._is_remote(device) else None
+                grads = add_zero_where_present(grads, self.emulator.finish(device, token, after, sent=sent))
             grads = [sparse.rows_of(g, sources, variable=w) for g, w in zip(grads, weights)]
             return y_pred, self._extras(y_pred), extra, penalty, main, grads
 
@@ -215,7 +217,7 @@ class Mirrored(ParallelModel):
         def replica_forward(x_local):
             ctx = tf.distribute.get_replica_context()
             device = replica_device(self.devices, ctx)
-            x_local, token = self._begin_device(device, x_local)
+            x_local, token = self._begin_device(device, x_local, weights=False)
             y_local = self._end_device(device, self.core(x_local, training=False), token)
             return y_local, self._extras(y_local), self._call_losses(
                 self.core, tf.gather(shares, ctx.replica_id_in_sync_group))

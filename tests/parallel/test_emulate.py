@@ -302,3 +302,57 @@ def test_emulated_mixed_precision(logical_devices, any_keras, method):
     finally:
         k.mixed_precision.set_global_policy("float32")
     assert report.max_deviation <= 1e-3, report.table()  # float16 rounding, as test_equivalence's test_mixed_precision
+
+
+# -- links: what a step moves, charged by its bytes
+def test_parse_emulate_links():
+    from harness.emulate import LINKS, Link, parse_link
+
+    assert parse_emulate("1345:1100:49@pcie3x16,875@pcie3x8/5") == (
+        EmulatedDevice(1345.0, 1100, 49.0, LINKS["pcie3x16"]), EmulatedDevice(875.0, None, 0.0, Link(7.88, 5.0,
+                                                                                                       "pcie3x8")))
+    assert parse_emulate("1000::5@12.5/8")[0].link == Link(12.5, 8.0)
+    assert LINKS["pcie3x16"].gb_per_s == 15.75 and LINKS["pcie4x16"].gb_per_s == 31.51
+    assert LINKS["nvlink3"].gb_per_s == 300.0
+    assert Link(10.0, 10.0).seconds(1_000_000, transfers=3) == pytest.approx(3e-5 + 1e-4)
+    assert parse_link("PCIe5x16").name == "pcie5x16"
+    for bad, said in [("1000@", "ends in '@'"), ("1000@pcie9x16", "a link is one of pcie3x8"),
+                      ("1000@0", "positive number of GB/s"), ("1000@12/-1", "microseconds >= 0"),
+                      ("1000@12/x", "latency must be a number")]:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            parse_emulate(bad)
+    device = parse_emulate("1000:64:2@pcie4x8")[0]
+    assert EmulatedDevice(**json.loads(json.dumps(device.to_json()))) == device  # a record reads back
+    assert "link pcie4x8 15.8 GB/s, 10 us" in str(device)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_emulated_link_charges_bytes_over_bandwidth_plus_latency(logical_devices, any_keras, method):
+    """Each step of the device off the merge device pays for its slice and the weights coming in, its
+    gradients and outputs going out: its busy time per step is the compute plus those bytes / bandwidth
+    plus a latency per tensor, within 10%, the bytes counted here from the arrays themselves."""
+    import numpy as np
+
+    k, devices = any_keras, logical_devices[:2]
+    features, rows, gb_per_s, latency_us, rate = 2000, 40, 0.01, 200.0, 1e6
+    model = k.Sequential([k.Input((features,)), k.layers.Dense(8)])
+    x = np.random.default_rng(0).normal(size=(rows * 6, features)).astype("float32")
+    y = np.zeros((rows * 6, 8), "float32")
+    emulate = f"{rate:g}@{gb_per_s}/{latency_us:g},{rate:g}@{gb_per_s}/{latency_us:g}"
+    parallel = harness.parallelize(model, devices, ratios=[1, 1], method=method, emulate=emulate)
+    parallel.compile(optimizer="sgd", loss="mse")
+    parallel.fit(x, y, batch_size=rows, epochs=1, verbose=0)  # 6 steps of 20 + 20 rows
+    events = [e for e in parallel.emulator._events if e.device == parallel.devices[1]]
+    weights = [w.numpy() for w in model.trainable_weights]
+    weight_bytes = sum(w.nbytes for w in weights)
+    slice_bytes, out_bytes = x[: rows // 2].nbytes, y[: rows // 2].nbytes
+    moved = slice_bytes + weight_bytes + weight_bytes + out_bytes  # in: slice, weights; out: gradients, outputs
+    transfers = 1 + len(weights) + len(weights) + 1
+    link = transfers * latency_us / 1e6 + moved / (gb_per_s * 1e9)
+    assert len(events) == 6 and {e.moved for e in events} == {moved}
+    assert [e.link for e in events] == pytest.approx([link] * 6, rel=1e-9)
+    compute = (rows // 2) / rate
+    busy = [e.end - e.start for e in events]
+    assert float(np.median(busy)) == pytest.approx(compute + link, rel=0.10), (busy, compute + link)
+    first = [e for e in parallel.emulator._events if e.device == parallel.devices[0]]
+    assert {e.moved for e in first} == {slice_bytes}  # the merge device: only its slice crosses its link

@@ -63,6 +63,29 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     assert next(tmp_path.glob("tune-*.png")).stat().st_size > 10_000
 
 
+@pytest.mark.timing
+def test_a_fast_card_on_a_slow_link_gets_less(tmp_path, emulation):
+    # Two cards of one speed, the second on a link of 10 MB/s: its solo curve pays for its input slices, and in
+    # the parallel run it also exchanges the weights and gradients with the first (the merge device).
+    rate = emulation.scale(2000)[0]
+    done = run_harness(["tune", "--emulate", f"{rate}:600:2@pcie3x16,{rate}:600:2@0.01", "--global-batch", "400",
+                        "--seconds", "0.4", "--windows", "2", "--no-even", "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)["result"]
+    assert result["host_bound"] == []
+    choice, tuned = result["choice"], result["verify"]["tuned"]
+    assert choice["batches"][0] > 1.3 * choice["batches"][1], choice
+    links = choice["links"]
+    assert links[0]["exchange_ms"] == 0 and links[1]["link"]["gb_per_s"] == 0.01
+    # the exchange counted: mnist_maxing's weights in and as many gradient bytes out, a latency per tensor each way
+    weights = result["devices"][1]
+    expected = 1000 * (2 * weights["weight_tensors"] * 10e-6 + 10e-6 + 2 * weights["weight_bytes"] / 0.01e9)
+    assert links[1]["exchange_ms"] == pytest.approx(expected, rel=1e-9) and expected > 5
+    assert tuned["status"] == "complete"
+    assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
+    assert tuned["efficiency"] > 0.9  # of the devices' solo samples/s at their batches, each paying its own copies
+
+
 def test_tune_beyond_the_host_says_host_bound_and_recommends_nothing(tmp_path, emulation):
     # The guard's bad case (`harness tune --emulate 40000,20000` on this host): rates eight and
     # four times what this host computes. Nothing is presented as the emulated devices' performance.

@@ -61,6 +61,11 @@ class DeviceProbe:
     stopped_by: str = ""  # "oom", "limit" or "step time"
     oom_error: str | None = None
     seconds: float = 0.0
+    # What a step of this model exchanges with the merge device when it runs on another one, measured from its
+    # tensors: the trained weights (bytes, tensors) in, as many gradient bytes out, and its outputs per sample.
+    weight_bytes: int = 0
+    weight_tensors: int = 0
+    output_bytes_per_sample: float = 0.0
     _runner: Callable[[int, int, float], Point] | None = None
 
     def timed(self) -> list[Point]:
@@ -78,7 +83,9 @@ class DeviceProbe:
 
     def to_json(self) -> dict:
         return {"device": self.device, "ceiling": self.ceiling, "oom_at": self.oom_at, "stopped_by": self.stopped_by,
-                "oom_error": self.oom_error, "seconds": self.seconds, "points": [p.to_json() for p in self.points]}
+                "oom_error": self.oom_error, "seconds": self.seconds, "points": [p.to_json() for p in self.points],
+                "weight_bytes": self.weight_bytes, "weight_tensors": self.weight_tensors,
+                "output_bytes_per_sample": self.output_bytes_per_sample}
 
 
 def probe_device(
@@ -115,7 +122,7 @@ def probe_device(
     """
     began = time.perf_counter()
     probe = DeviceProbe(device)
-    run = probe._runner = _runner(workload, size, device, emulate, seed)
+    run = probe._runner = _runner(workload, size, device, emulate, seed, probe)
 
     def attempt(batch: int, timed: bool) -> Point:
         try:
@@ -160,8 +167,9 @@ class _OutOfMemory(Exception):
     device_index: int | None = None  # set by the tuner's solo runs: which of its devices
 
 
-def _runner(workload, size: str, device: str, emulate, seed: int):
-    """A function ``(batch, max_steps, min_seconds) -> Point`` training the device's own model."""
+def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceProbe | None = None):
+    """A function ``(batch, max_steps, min_seconds) -> Point`` training the device's own model; sets ``probe``'s
+    traffic figures (``DeviceProbe.weight_bytes``...)."""
     import tensorflow as tf
 
     from harness.bench.runner import _oom_line
@@ -174,6 +182,13 @@ def _runner(workload, size: str, device: str, emulate, seed: int):
     model.compile(**compile_args)
     pool_x, pool_y = workload.make_data(size, 256, seed=seed)  # a user's model may take several inputs
     pool = len(tf.nest.flatten(pool_y)[0])
+    if probe is not None:
+        weights = template.trainable_weights
+        probe.weight_bytes = sum(int(np.prod(tuple(w.shape))) * tf.as_dtype(w.dtype).size for w in weights)
+        probe.weight_tensors = len(weights)
+        with tf.device(device):
+            outputs = template(tf.nest.map_structure(lambda a: tf.constant(a[:2]), pool_x), training=False)
+        probe.output_bytes_per_sample = sum(np.asarray(t).nbytes for t in tf.nest.flatten(outputs)) / 2
 
     def run(batch: int, max_steps: int, min_seconds: float) -> Point:
         """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed."""

@@ -110,7 +110,7 @@ def tune(
                                                 tolerance=tolerance, max_step_s=max_step_s, seed=seed,
                                                 on_event=say)
     record["seconds"]["profile"] = time.perf_counter() - began
-    split, models = _choose(probes, global_batch, margin, record)
+    split, models = _choose(probes, global_batch, margin, record, specs)
     say(_choice_text(record["choice"]))
     t0 = time.perf_counter()
     record["verify"] = _verify(model, size, devices, specs, probes, split, models, method, verify_seconds,
@@ -221,10 +221,35 @@ def _point_text(point) -> str:
            (f" -- HOST-BOUND (this host computes {point.host_rate:.0f})" if point.host_bound else "")
 
 
-def _choose(probes, global_batch, margin, record):
+def linked_models(probes, specs) -> tuple[list, list[dict | None]]:
+    """Each device's step model in the parallel run: its solo fit (which paid for its input slice over its link),
+    plus, on a device other than the first (the merge device), what crosses its emulated link each step: the
+    trained weights in, as many gradient bytes out (a transfer per tensor each way), its outputs per sample.
+
+    Returns:
+        ``(models, links)``: ``links[i]`` is None without a link (real GPUs: their link is not measured), else
+        ``{"link", "exchange_ms", "per_sample_us"}``, the time added per step and per sample.
+    """
+    from harness.bench.tuning.solver import StepModel
+
+    models, links = [], []
+    for i, ((probe, fit), spec) in enumerate(zip(probes, specs)):
+        link = getattr(spec, "link", None)
+        if link is None or i == 0:
+            models.append(fit.model)
+            links.append(None if link is None else {"link": link.to_json(), "exchange_ms": 0.0, "per_sample_us": 0.0})
+            continue
+        exchange = link.seconds(2 * probe.weight_bytes, 2 * probe.weight_tensors) + link.latency_us / 1e6
+        per_sample = probe.output_bytes_per_sample / (link.gb_per_s * 1e9)
+        models.append(StepModel(fit.model.fixed_s + exchange, fit.model.per_sample_s + per_sample))
+        links.append({"link": link.to_json(), "exchange_ms": 1000 * exchange, "per_sample_us": 1e6 * per_sample})
+    return models, links
+
+
+def _choose(probes, global_batch, margin, record, specs=None):
     from harness.bench.tuning.solver import best_split, predict, solve_split
 
-    models = [fit.model for _, fit in probes]
+    models, links = linked_models(probes, specs or [None] * len(probes))
     usable = usable_ceilings(probes, margin)
     if global_batch is None:
         split = best_split(models, usable)
@@ -242,13 +267,18 @@ def _choose(probes, global_batch, margin, record):
                         "usable_ceilings": usable, **split.to_json(),
                         "ratios": [b / split.global_batch for b in split.batches],
                         "used": list(split.used), "even": predict(models, even).to_json()}
+    if any(link is not None for link in links):
+        record["choice"]["links"] = links
     return split, models
 
 
 def _choice_text(choice: dict) -> str:
+    links = [f"device {i} +{entry['exchange_ms']:.2f} ms/step" for i, entry in enumerate(choice.get("links") or [])
+             if entry and entry["exchange_ms"]]
     return (f"choice ({choice['mode']}): batches {choice['batches']} (global {choice['global_batch']}), predicted "
             f"{choice['samples_per_second']:.0f} samples/s; even split predicted "
-            f"{choice['even']['samples_per_second']:.0f}")
+            f"{choice['even']['samples_per_second']:.0f}"
+            + (f"; links counted (weights in, gradients out): {', '.join(links)}" if links else ""))
 
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say,
