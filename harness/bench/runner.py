@@ -86,6 +86,7 @@ def run_one(
     telemetry=None,
     on_window: Callable[[dict], None] | None = None,
     on_step: Callable[[str | int, int, float], None] | None = None,
+    check_input: bool = True,
 ) -> dict:
     """Trains ``config``'s workload for its windows and returns the measured result.
 
@@ -94,6 +95,8 @@ def run_one(
         telemetry: a started ``harness.bench.nvml.TelemetrySampler`` for GPU devices.
         on_window: called with each finished window's dict (progress, saving).
         on_step: passed to ``harness.bench.measure.window_callback`` (live progress).
+        check_input: also time the input pipeline alone (``result["input"]``: is training starved?); the
+            tuner's verification, which reads only samples/s, leaves it out (None).
 
     Returns:
         ``{"config", "status" ("complete" | "oom" | "refused"), "windows", "summary", "input", "error"}``,
@@ -114,7 +117,8 @@ def run_one(
             raise
         return {"config": config.to_json(), "status": "refused", "windows": [], "summary": None, "input": None,
                 "error": str(err)}
-    return train_windows(config, model, workload, telemetry=telemetry, on_window=on_window, on_step=on_step)
+    return train_windows(config, model, workload, telemetry=telemetry, on_window=on_window, on_step=on_step,
+                         check_input=check_input)
 
 
 def train_windows(
@@ -128,6 +132,7 @@ def train_windows(
     windows_callback: Callable[..., Any] | None = None,
     measured: Sequence[str] | None = None,
     input_options=None,
+    check_input: bool = True,
 ) -> dict:
     """``run_one`` on a model already built and compiled for ``config`` (``build_model``, or a cluster's).
 
@@ -139,6 +144,7 @@ def train_windows(
             worker measures its own, and its window records list only them.
         input_options: a ``tf.data.Options`` for the workload's dataset (default none): the stock baseline
             across workers sets its auto-shard policy there.
+        check_input: time the input pipeline alone after training (``run_one``).
 
     The callbacks are of the model's Keras (``harness.compat.keras_module_of``): a Keras 2 (``tf_keras``)
     model's ``fit`` takes only its own.
@@ -185,6 +191,8 @@ def train_windows(
         return result
     result["status"] = "complete"
     result["summary"] = _summary(result["windows"])
+    if not check_input:
+        return result
     rate = pipeline.measure_input_rate(dataset, config.batch, seconds=min(0.5, config.seconds))
     train = result["summary"]["samples_per_second"]["median"]
     result["input"] = {"samples_per_second": rate.samples_per_second,

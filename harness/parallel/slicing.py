@@ -30,12 +30,20 @@ def batch_size_of(x) -> tf.Tensor:
 def smallest_fit_batch(x, batch_size=None, validation_split=0.0, steps_per_epoch=None) -> int | None:
     """The smallest training batch ``fit(x, batch_size=..., validation_split=...)`` will cut, or None.
 
-    None where it cannot be known before the fit: ``x`` is not arrays (a dataset, a generator, a
-    ``PyDataset``, ragged or sparse tensors) or ``steps_per_epoch`` is set. With arrays of ``n``
-    samples, fit trains on the first ``floor(n * (1 - validation_split))`` (Keras 3 and tf_keras
-    both) in batches of ``batch_size`` and one partial batch of the rest; the neighbours of that
-    count are taken too, so that a rounding difference between versions cannot hide a smaller batch.
+    A ``tf.data.Dataset`` whose elements have a static batch dimension (batched with
+    ``drop_remainder=True``) gives that size, every batch of it. Otherwise None where it cannot be
+    known before the fit: ``x`` is not arrays (another dataset, a generator, a ``PyDataset``, ragged
+    or sparse tensors) or ``steps_per_epoch`` is set. With arrays of ``n`` samples, fit trains on
+    the first ``floor(n * (1 - validation_split))`` (Keras 3 and tf_keras both) in batches of
+    ``batch_size`` and one partial batch of the rest; the neighbours of that count are taken too,
+    so that a rounding difference between versions cannot hide a smaller batch.
     """
+    if isinstance(x, tf.data.Dataset):
+        specs = tf.nest.flatten(x.element_spec)
+        if not specs or not all(isinstance(spec, tf.TensorSpec) for spec in specs):
+            return None
+        sizes = {spec.shape[0] if spec.shape.rank else None for spec in specs}
+        return sizes.pop() if len(sizes) == 1 and None not in sizes else None
     leaves = tf.nest.flatten(x)
     if steps_per_epoch is not None or not leaves or not all(
             type(leaf) is np.ndarray or isinstance(leaf, tf.Tensor) for leaf in leaves):

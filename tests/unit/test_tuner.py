@@ -59,3 +59,26 @@ def test_even_split_equal_to_the_tuned_one_is_not_measured_again():
     probes = [(_probe("/cpu:0", 600, "oom", 600, 4000.0), None), (_probe("/cpu:1", 600, "oom", 600, 4000.0), None)]
     even, rates = _even_solo(probes, _Split([300, 300]), [600, 600], 0.1, lambda line: None)
     assert even == (300, 300) and rates is None and probes[0][0].tried == []
+
+
+def test_each_device_works_at_once_keeps_the_order_and_raises_the_first_error():
+    import time
+
+    from harness.bench.tuning.tuner import each_device
+
+    began = time.perf_counter()
+    assert each_device(lambda i: (time.sleep(0.3), i * i)[1], 3) == [0, 1, 4]
+    assert time.perf_counter() - began < 0.8  # three 0.3 s works at once, not one after another (0.9 s)
+    finished = []
+
+    def work(i):
+        time.sleep(0.05 * (3 - i))
+        finished.append(i)
+        if i:
+            raise ValueError(f"device {i}")
+        return i
+
+    with pytest.raises(ValueError, match="device 1"):  # device order, after every device finished
+        each_device(work, 3)
+    assert sorted(finished) == [0, 1, 2]
+    assert each_device(lambda i: i, 2, concurrent=False) == [0, 1]

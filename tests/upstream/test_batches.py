@@ -85,7 +85,7 @@ def test_the_smallest_batch_of_a_fit_on_arrays(samples, batch_size, validation_s
     assert smallest_fit_batch([x, x], batch_size, validation_split) == smallest
 
 
-def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays():
+def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays_or_fixed_batches():
     import tensorflow as tf
 
     from harness.parallel.slicing import smallest_fit_batch
@@ -93,6 +93,12 @@ def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays():
     x = np.zeros((45, 3), "float32")
     assert smallest_fit_batch(tf.constant(x), 10) == 5
     assert smallest_fit_batch(tf.data.Dataset.from_tensor_slices(x).batch(10), 10) is None
+    # Batched with drop_remainder: every batch has the static size, whatever steps_per_epoch says.
+    fixed = tf.data.Dataset.from_tensor_slices((x, x[:, 0])).batch(10, drop_remainder=True).repeat()
+    assert smallest_fit_batch(fixed, None, steps_per_epoch=10**9) == 10
+    assert smallest_fit_batch(tf.data.Dataset.from_tensor_slices(x).batch(2, drop_remainder=True)) == 2
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]] * 5)).batch(2, drop_remainder=True)
+    assert smallest_fit_batch(ragged) is None  # not a dense tensor: left to the run-time branch
     assert smallest_fit_batch(x, 10, steps_per_epoch=3) is None
     assert smallest_fit_batch([[1.0, 2.0], [3.0, 4.0]], 10) is None  # Python lists: left to Keras
     assert smallest_fit_batch(None, 10) is None

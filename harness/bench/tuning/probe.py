@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -163,6 +164,9 @@ def probe_device(
     return probe
 
 
+_BUILDING = threading.Lock()
+
+
 class _OutOfMemory(Exception):
     device_index: int | None = None  # set by the tuner's solo runs: which of its devices
 
@@ -175,12 +179,13 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
     from harness.bench.runner import _oom_line
     from harness.parallel import parallelize
 
-    with tf.device(device):
-        template = workload.build(size, seed=seed)
-    compile_args = workload.compile_args(template)
-    model = parallelize(template, [device], method="towers", emulate=None if emulate is None else [emulate])
-    model.compile(**compile_args)
-    pool_x, pool_y = workload.make_data(size, 256, seed=seed)  # a user's model may take several inputs
+    with _BUILDING:  # the tuner profiles devices in threads: Keras' layer naming and seeding are process-wide
+        with tf.device(device):
+            template = workload.build(size, seed=seed)
+        compile_args = workload.compile_args(template)
+        model = parallelize(template, [device], method="towers", emulate=None if emulate is None else [emulate])
+        model.compile(**compile_args)
+        pool_x, pool_y = workload.make_data(size, 256, seed=seed)  # a user's model may take several inputs
     pool = len(tf.nest.flatten(pool_y)[0])
     if probe is not None:
         weights = template.trainable_weights

@@ -162,10 +162,33 @@ def _check(devices, size, emulate, global_batch, method, margin) -> None:
         raise InvalidValue(f"margin must be a fraction in [0, 1); got {margin!r}")
 
 
+def each_device(work: Callable[[int], Any], count: int, concurrent: bool = True) -> list:
+    """``[work(0), ..., work(count - 1)]``, the devices at once (a thread each) or one after another.
+
+    Each device's work is its own (its own model on its own device), so they overlap as the devices of a
+    parallel step do: profiling n devices takes as long as the slowest, not their sum. The first
+    exception in device order is raised, after every device finished.
+    """
+    if not concurrent or count < 2:
+        return [work(i) for i in range(count)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="harness-device") as pool:
+        futures = [pool.submit(work, i) for i in range(count)]
+        errors = [f.exception() for f in futures]
+    for error in errors:
+        if error is not None:
+            raise error
+    return [f.result() for f in futures]
+
+
 def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence, *, start: int = 32,
                     limit: int = 8192, tolerance: float = 0.03, max_step_s: float = 1.0, seed: int = 0,
-                    on_event: Callable[[str], None] | None = None) -> tuple[list, list[dict]]:
+                    on_event: Callable[[str], None] | None = None, concurrent: bool = True) -> tuple[list, list[dict]]:
     """Each device alone: ceiling, timed points and fitted step model.
+
+    With ``concurrent`` (the default) the devices are profiled at once, each in a thread of its own on its own
+    model and device (``each_device``); each device's lines are said together when it is done.
 
     Returns:
         ``([(DeviceProbe, Fit), ...], [device record, ...])``; call each probe's
@@ -174,26 +197,41 @@ def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence
     Raises:
         ValueError: a device runs out of memory at batch 1.
     """
+    import threading
+
     from harness.bench.tuning.probe import probe_device
     from harness.bench.tuning.solver import fit_step_model
 
     say = on_event or (lambda text: None)
-    probes, records = [], []
-    for i, (device, spec) in enumerate(zip(devices, specs)):
-        say(f"[{i + 1}/{len(devices)}] {device}" + (f" (emulated: {spec})" if spec else "") + ": ceiling and curve")
+    said = threading.Lock()
+
+    def profile(i: int):
+        device, spec = devices[i], specs[i]
+        lines = [f"[{i + 1}/{len(devices)}] {device}" + (f" (emulated: {spec})" if spec else "")
+                 + ": ceiling and curve"]
+        if not concurrent:
+            say(lines.pop())
+        tell = say if not concurrent else lines.append
         probe = probe_device(workload, size, device, emulate=spec, start=start, limit=limit, tolerance=tolerance,
-                             max_step_s=max_step_s, seed=seed, on_point=lambda d, p: say(_point_text(p)))
-        if probe.ceiling is None:
-            raise InvalidValue(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
-                               f"{probe.oom_error}")
-        timed = [(p.batch, p.step_seconds) for p in probe.timed() if p.step_seconds is not None]  # all of them
-        fit = fit_step_model([batch for batch, _ in timed], [seconds for _, seconds in timed])
-        say(f"    ceiling {probe.ceiling} ({_stop_text(probe)}); fit {1000 * fit.model.fixed_s:.1f} ms + "
-            f"b / {fit.model.peak_rate:.0f} samples/s, worst point off by {100 * fit.max_relative_error:.1f}%; "
-            f"{probe.seconds:.1f} s")
-        records.append({**probe.to_json(), "emulate": None if spec is None else spec.to_json(), "fit": fit.to_json()})
-        probes.append((probe, fit))
-    return probes, records
+                             max_step_s=max_step_s, seed=seed, on_point=lambda d, p: tell(_point_text(p)))
+        try:
+            if probe.ceiling is None:
+                raise InvalidValue(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
+                                   f"{probe.oom_error}")
+            timed = [(p.batch, p.step_seconds) for p in probe.timed() if p.step_seconds is not None]  # all of them
+            fit = fit_step_model([batch for batch, _ in timed], [seconds for _, seconds in timed])
+            tell(f"    ceiling {probe.ceiling} ({_stop_text(probe)}); fit {1000 * fit.model.fixed_s:.1f} ms + "
+                 f"b / {fit.model.peak_rate:.0f} samples/s, worst point off by {100 * fit.max_relative_error:.1f}%; "
+                 f"{probe.seconds:.1f} s")
+        finally:
+            with said:  # one device's block at a time
+                for line in lines:
+                    say(line)
+        record = {**probe.to_json(), "emulate": None if spec is None else spec.to_json(), "fit": fit.to_json()}
+        return (probe, fit), record
+
+    done = each_device(profile, len(devices), concurrent)
+    return [probe for probe, _ in done], [record for _, record in done]
 
 
 def usable_ceilings(probes, margin: float) -> list[int]:
@@ -352,21 +390,25 @@ def _even_solo(probes, split, ceilings: list[int], seconds, say) -> tuple[tuple[
             ceilings[index] = known
 
 
-def _solo(probes, batches, seconds, say) -> list[float | None]:
+def _solo(probes, batches, seconds, say, concurrent: bool = True) -> list[float | None]:
+    """Each device's samples/s alone at its batch (each on its own model and device: at once, as profiling)."""
     from harness.bench.tuning.probe import _OutOfMemory
 
-    rates: list[float | None] = []
-    for (probe, _), batch in zip(probes, batches):
+    def alone(i: int) -> float | None:
+        (probe, _), batch = probes[i], batches[i]
         if batch < 1:
-            rates.append(0.0)
-            continue
+            return 0.0
         try:
             point = probe.measure(batch, min_seconds=seconds / 2)
         except _OutOfMemory as oom:
-            oom.device_index = len(rates)  # which device: the caller may learn its ceiling
+            oom.device_index = i  # which device: the caller may learn its ceiling
             raise
-        rates.append(batch / point.step_seconds)
-        say(f"    {probe.device} alone at {batch}: {rates[-1]:.0f} samples/s")
+        return batch / point.step_seconds
+
+    rates = each_device(alone, len(probes), concurrent)
+    for (probe, _), batch, rate in zip(probes, batches, rates):
+        if batch >= 1:
+            say(f"    {probe.device} alone at {batch}: {rate:.0f} samples/s")
     return rates
 
 
@@ -378,7 +420,7 @@ def _parallel(model, size, devices, specs, batches, method, seconds, windows, se
                        tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
                        emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
     say(f"verifying: {config.method} with batches {list(batches)}")
-    result = run_one(config)
+    result = run_one(config, check_input=False)  # samples/s is all the verification reads
     measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None
     eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
     line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \
