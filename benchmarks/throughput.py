@@ -43,9 +43,9 @@ class Throughput(_Combinations):
         self.config = common.gridrun().run_config(GRID, profiles, workload, method, split, devices)
 
     def track_samples_per_second(self, profiles, workload, method, split, devices):
-        from harness.bench.runner import host_bound, run_one
+        from harness.bench.runner import host_bound
 
-        result = run_one(self.config)
+        result = common.gridrun().run(self.config)
         what = f"{self.config.method} with batches {list(self.config.batches)}"
         if result["status"] != "complete":
             raise RuntimeError(f"{what}: {result['status']}: {result['error']}")
@@ -152,11 +152,11 @@ class VersusStock:
         self.stock = gridrun.run_config(GRID, profiles, workload, "keras", "even", devices)
 
     def track_ratio_to_stock(self, profiles, workload, method, devices):
-        from harness.bench.runner import host_bound, run_one
+        from harness.bench.runner import host_bound
 
         figures = []
         for config in (self.ours, self.stock):
-            result = run_one(config)
+            result = common.gridrun().run(config)
             what = f"{config.method} with batches {list(config.batches)}"
             if result["status"] != "complete":
                 raise RuntimeError(f"{what}: {result['status']}: {result['error']}")
