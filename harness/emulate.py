@@ -49,7 +49,7 @@ import numpy as np
 from harness.errors import InvalidValue
 
 __all__ = ["EmulatedDevice", "Link", "LINKS", "parse_link", "Emulator", "parse_emulate", "BusyTime", "Event",
-           "HOST_BOUND_SHARE", "Token", "nbytes", "add_zero",
+           "HOST_BOUND_SHARE", "Token", "nbytes", "variable_bytes", "add_zero",
            "host_bound_text"]
 
 # A device late in more than this share of its steps is host-bound. One step in ten may meet a busy
@@ -527,6 +527,16 @@ def nbytes(structure) -> tuple:
         else:
             sizes.append(tf.size(leaf, out_type=tf.int64) * leaf.dtype.size)
     return (tf.add_n(sizes) if sizes else tf.constant(0, tf.int64)), len(sizes)
+
+
+def variable_bytes(variables) -> tuple[int, int]:
+    """``(bytes, tensors)`` of variables, from their static shapes (what reading them all moves). Keras 3's
+    variables give their shape as a tuple and their dtype as a name, Keras 2's as TensorFlow's."""
+    import tensorflow as tf
+
+    variables = list(variables)
+    return (sum(math.prod(int(d) for d in tuple(v.shape)) * tf.as_dtype(v.dtype).size for v in variables),
+            len(variables))
 
 
 def add_zero(structure, zero):

@@ -24,7 +24,6 @@ MultiWorkerMirroredStrategy).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,10 +95,11 @@ def emulated_class(k):
                                                trainable=True)
 
         def _all_reduce_share(self):
+            from harness.emulate import variable_bytes
+
             n = len(self.emulated_devices)
-            weights = self.inner.trainable_weights
-            size = sum(math.prod(int(d) for d in tuple(w.shape)) * tf.as_dtype(w.dtype).size for w in weights)
-            return (0, 0) if n < 2 else (int(2 * (n - 1) / n * size), len(weights))
+            size, count = variable_bytes(self.inner.trainable_weights)
+            return (0, 0) if n < 2 else (int(2 * (n - 1) / n * size), count)
 
         def call(self, x, training=None):
             ctx = tf.distribute.get_replica_context()

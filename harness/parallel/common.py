@@ -7,7 +7,6 @@ needed, it is the one of the model's own Keras (``compat.keras_module_of``).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import tensorflow as tf
@@ -150,9 +149,9 @@ class ParallelCommon:
         """``(bytes, tensors)`` of the trained weights, for a device other than the merge device; else none."""
         if not self._is_remote(device):
             return 0, 0
-        weights = self.core.trainable_weights
-        # Keras 3's variables give their shape as a tuple and their dtype as a name; Keras 2's as TensorFlow's
-        return sum(math.prod(int(d) for d in tuple(w.shape)) * tf.as_dtype(w.dtype).size for w in weights), len(weights)
+        from harness.emulate import variable_bytes
+
+        return variable_bytes(self.core.trainable_weights)
 
     # -- compile: never XLA -----------------------------------------------------
     def compile(self, *args, jit_compile=None, **kwargs):

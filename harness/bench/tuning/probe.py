@@ -188,9 +188,9 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
         pool_x, pool_y = workload.make_data(size, 256, seed=seed)  # a user's model may take several inputs
     pool = len(tf.nest.flatten(pool_y)[0])
     if probe is not None:
-        weights = template.trainable_weights
-        probe.weight_bytes = sum(int(np.prod(tuple(w.shape))) * tf.as_dtype(w.dtype).size for w in weights)
-        probe.weight_tensors = len(weights)
+        from harness.emulate import variable_bytes
+
+        probe.weight_bytes, probe.weight_tensors = variable_bytes(template.trainable_weights)
         with tf.device(device):
             outputs = template(tf.nest.map_structure(lambda a: tf.constant(a[:2]), pool_x), training=False)
         probe.output_bytes_per_sample = sum(np.asarray(t).nbytes for t in tf.nest.flatten(outputs)) / 2
