@@ -102,9 +102,7 @@ def use_logical_devices(
 
     import tensorflow as tf
 
-    if inter_op_threads is not None and not is_tf_initialized():
-        current = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
-        tf.config.threading.set_inter_op_parallelism_threads(max(current, int(inter_op_threads)))
+    _at_least_inter_op_threads(inter_op_threads)
     physical = tf.config.list_physical_devices(kind)
     if not physical:
         raise InvalidValue(f"no physical {kind} device to split; TensorFlow sees none")
@@ -170,7 +168,17 @@ class DeviceLayout:
     gpu_memory_limit_mb: int | None  #: each logical GPU's memory limit where GPU 0 was split
 
 
-def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int | None = None) -> DeviceLayout:
+def _at_least_inter_op_threads(threads: int | None) -> None:
+    """Raises TensorFlow's inter-op threads to ``threads`` (None: leaves them), before its runtime starts."""
+    import tensorflow as tf
+
+    if threads is not None and not is_tf_initialized():
+        current = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count() or 1
+        tf.config.threading.set_inter_op_parallelism_threads(max(current, int(threads)))
+
+
+def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int | None = None,
+                      inter_op_threads: int | None = None) -> DeviceLayout:
     """Sets up logical CPUs and, optionally, logical GPUs on GPU 0, all at once before TensorFlow starts.
 
     ``use_logical_devices`` splits one kind of device; a process that needs both (a test
@@ -181,6 +189,7 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
         split_gpus: logical GPUs to make of GPU 0 (each limited to ``gpu_memory_limit_mb``); 0 uses
             the physical GPUs as they are, with memory growth on, so that processes can share them.
         gpu_memory_limit_mb: MiB per logical GPU; required when ``split_gpus`` > 0 (see ``gpu_memory_limit_mb``).
+        inter_op_threads: at least this many threads run independent ops at once (``use_logical_devices``).
 
     Returns:
         The ``DeviceLayout``.
@@ -204,6 +213,7 @@ def use_device_layout(cpus: int, split_gpus: int = 0, gpu_memory_limit_mb: int |
 
     import tensorflow as tf
 
+    _at_least_inter_op_threads(inter_op_threads)
     physical = tf.config.list_physical_devices("GPU")
     if split_gpus and not physical:
         raise InvalidValue(f"no physical GPU to split into {split_gpus} logical GPUs; TensorFlow sees none")

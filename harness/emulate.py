@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -65,6 +65,12 @@ _ENTRY = re.compile(r"^\s*([^:\s]+)\s*(?::\s*([^:\s]*)\s*)?(?::\s*([^:\s]+)\s*)?
 # as GB_PER_S). The latency per transfer is an assumption, not a measurement: set yours (LINK/LATENCY_US).
 DEFAULT_LATENCY_US = 10.0
 _LANE_GB_PER_S = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+
+
+#: the forward pass' share of a training step's compute, where an emulated step overlaps its transfers: the
+#: backward pass computes the gradients of the activations and of the weights, about twice the forward's
+#: arithmetic (an assumption, as an emulated device's rate is: ``EmulatedDevice.overlapped_seconds``)
+FORWARD_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -167,10 +173,34 @@ class EmulatedDevice:
                 + (f", max batch {self.max_batch}" if self.max_batch is not None else "")
                 + (f", link {self.link}" if self.link is not None else ""))
 
-    def step_seconds(self, batch: int, moved: Sequence[tuple[float, int]] = ()) -> float:
-        """The emulated time of one step on ``batch`` samples that moves ``moved``: ``(bytes, transfers)`` pairs
-        over its link (nothing without a link)."""
-        return self.overhead_ms / 1000.0 + batch / self.rate + self.link_seconds(moved)
+    def step_seconds(self, batch: int, moved: Sequence[tuple[float, int]] = (), overlap: bool = False) -> float:
+        """The emulated time of one step on ``batch`` samples that moves ``moved`` over its link (nothing without a
+        link): ``(bytes, transfers)`` pairs, all charged one after the other and after the compute; with
+        ``overlap``, exactly three (``overlapped_seconds``): the slice in, the reads, what it sends."""
+        compute = self.overhead_ms / 1000.0 + batch / self.rate
+        if overlap and self.link is not None:
+            return self.overlapped_seconds(compute, *moved)
+        return compute + self.link_seconds(moved)
+
+    def overlapped_seconds(self, compute: float, slice_in: tuple[float, int], reads: tuple[float, int],
+                           sends: tuple[float, int]) -> float:
+        """A step whose transfers run beside its compute, as TensorFlow's dataflow executor runs them on a GPU:
+
+        - the slice (not staged) arrives before the compute starts;
+        - the reads (the weights) stream in from the step's start: the forward pass, ``FORWARD_SHARE`` of the
+          compute, ends no sooner than the last of them arrived;
+        - what it sends (outputs, gradients) streams out from the forward pass' end, the link being full duplex:
+          the step ends no sooner than all of it left, nor before its last tensor (one of the average size it
+          sends) left after the backward pass.
+        """
+        link = self.link_seconds
+        start = link([slice_in])
+        forward_end = max(start + FORWARD_SHARE * compute, link([reads]))
+        end = forward_end + (1 - FORWARD_SHARE) * compute
+        size, count = sends
+        if count > 0 and size > 0:
+            end = max(end + link([(size / count, 1)]), forward_end + link([sends]))
+        return end
 
     def link_seconds(self, moved: Sequence[tuple[float, int]]) -> float:
         """The time ``moved`` (``(bytes, transfers)`` pairs) takes over the link; 0 without one."""
@@ -263,6 +293,7 @@ class Event(NamedTuple):
     late: bool = False
     moved: int = 0
     link: float = 0.0
+    copy: bool = False  # a staged copy of a next slice, made while a step ran: its link time hides behind it
 
 
 @dataclass(frozen=True)
@@ -272,7 +303,8 @@ class BusyTime:
     ``work_seconds`` is the real computing time of those steps (all of their
     busy time for a timed device); ``late_steps`` counts the steps whose real
     work ran past the emulated deadline. ``moved_bytes`` and ``link_seconds``: what
-    its steps moved over its link and the time charged for it (part of ``seconds``).
+    its steps moved over its link (the slices copied to it while its steps ran, ``Emulator.copy``, included)
+    and the time the link added to its steps (part of ``seconds``).
     """
 
     device: str
@@ -359,20 +391,25 @@ class Emulator:
         return tuple(self.devices) + self.timed
 
     # -- graph ops -----------------------------------------------------------
-    def begin(self, device: str, x, reads: tuple[int, int] = (0, 0)):
+    def begin(self, device: str, x, reads: tuple[int, int] = (0, 0), staged: bool = False, overlap: bool = False):
         """Gates ``x`` (a device's input slice) on the begin op; returns ``(x, token)``.
 
-        The step moves ``x`` in over the device's link (its bytes measured from the tensors) and ``reads``:
-        ``(bytes, transfers)`` it reads from another device before computing (the weights).
+        The step moves ``x`` in over the device's link (its bytes measured from the tensors; not with
+        ``staged``: a slice ``copy`` put there while the step before ran) and ``reads``: ``(bytes, transfers)``
+        it reads from another device (the weights). ``overlap``: the reads and what the step sends run beside
+        its compute (``finish``); else each waits for the other.
         """
         import tensorflow as tf
 
         if device not in self.logged:
             return x, None
         leaf = tf.nest.flatten(x)[0]
-        with tf.device(device):
-            size, count = nbytes(x)
-        moved_in = (size + reads[0], count + reads[1])
+        if staged:
+            size, count = tf.constant(0, tf.int64), 0
+        else:
+            with tf.device(device):
+                size, count = nbytes(x)
+        moved_in = (size, count)
 
         def start(batch):
             n = len(batch)
@@ -393,7 +430,7 @@ class Emulator:
             started.set_shape(())
             zero.set_shape(())
             x = add_zero(x, zero)
-        return x, Token(started, tf.shape(leaf)[0], moved_in, (tf.constant(0, tf.int64), 0))
+        return x, Token(started, tf.shape(leaf)[0], moved_in, (tf.constant(0, tf.int64), 0), tuple(reads), overlap)
 
     def end(self, device: str, y, token, sends: bool = False):
         """Gates ``y`` (the device's output) on the end op, which sleeps out the emulated time; ``sends``: the
@@ -419,12 +456,19 @@ class Emulator:
             token = token.sending(sent, device)
         started, n = token.started, token.samples
         (in_bytes, in_count), (out_bytes, out_count) = token.moved_in, token.moved_out
+        read_bytes, read_count = token.reads
+        overlap = token.overlap
 
         def finish(t0, count, got, sends, _after):
             t0, count, got, sends = float(t0), int(count), int(got), int(sends)
             spec = self.devices.get(device)  # read per step: set_rate applies from the next step
-            link = 0.0 if spec is None else spec.link_seconds([(got, in_count), (sends, out_count)])
-            deadline = t0 + spec.step_seconds(count) + link if spec is not None else t0
+            if spec is None:
+                deadline, link = t0, 0.0
+            else:
+                deadline = t0 + spec.step_seconds(count, [(got, in_count), (read_bytes, read_count),
+                                                          (sends, out_count)], overlap)
+                link = deadline - t0 - spec.step_seconds(count)  # what the link added to the step
+            got += read_bytes
             now = time.perf_counter()
             if deadline > now:
                 time.sleep(deadline - now)
@@ -448,6 +492,38 @@ class Emulator:
             zero.set_shape(())
         return zero
 
+    def copy(self, device: str, x):
+        """``x`` (a next step's slice, just copied to ``device``) once its emulated copy over the device's link
+        ended: bytes / bandwidth + latency per tensor, slept while the step before runs (``staging``).
+
+        Logged as a copy (``Event.copy``): its bytes count as the device's moved bytes, its time not as busy
+        time. A device without a link, or not emulated, copies for free.
+        """
+        import tensorflow as tf
+
+        spec = self.devices.get(device)
+        if spec is None or spec.link is None:
+            return x
+        with tf.device(device):
+            size, count = nbytes(x)
+
+        def copied(got, _probe):
+            t0, got = time.perf_counter(), int(got)
+            spec = self.devices.get(device)
+            seconds = spec.link_seconds([(got, count)]) if spec is not None else 0.0
+            time.sleep(seconds)
+            with self._lock:
+                self._events.append(Event(device, t0, time.perf_counter(), 0, 0.0, False, got, seconds, True))
+            return np.float32(0.0)
+
+        with tf.device(device):
+            # Stateless, as the end op (a stateful one would be ordered after the other devices' copies):
+            # it reads the slice itself and feeds it an exact zero, so no optimiser can drop or fold it.
+            probe = tf.reshape(tf.nest.flatten(x)[0], [-1])[:1]
+            zero = tf.numpy_function(copied, [size, probe], tf.float32, stateful=False, name="emulate_copy")
+            zero.set_shape(())
+        return add_zero(x, zero)
+
     # -- the log -------------------------------------------------------------
     def busy_between(self, t0: float, t1: float) -> dict[str, BusyTime]:
         """Busy time, real work and samples per device of the work that ended in ``(t0, t1]``."""
@@ -457,6 +533,9 @@ class Emulator:
         for event in events:
             if event.end <= t1:
                 t = totals[event.device]
+                if event.copy:  # made while a step ran: moved bytes, no busy time of its own
+                    totals[event.device] = replace(t, moved_bytes=t.moved_bytes + event.moved)
+                    continue
                 work = event.end - event.start if event.work is None else event.work  # whole: with its samples
                 totals[event.device] = BusyTime(event.device, t.seconds + (event.end - max(event.start, t0)),
                                                 t.samples + event.samples, t.steps + 1, t.work_seconds + work,
@@ -496,12 +575,16 @@ class _EndTimes:
 
 class Token(NamedTuple):
     """What a device's begin op hands its end op: the start stamp, the slice's samples, and the bytes (an int64
-    tensor) and transfers (an int) the step moves in before computing and out after it."""
+    tensor) and transfers (an int) the step moves: its slice in (``moved_in``), what it reads from another device
+    (``reads``: the weights) and what it sends (``moved_out``: outputs, gradients); ``overlap``: those
+    transfers run beside the compute (``Emulator.finish``)."""
 
     started: object
     samples: object
     moved_in: tuple
     moved_out: tuple
+    reads: tuple = (0, 0)
+    overlap: bool = False
 
     def sending(self, structure, device: str | None = None) -> Token:
         """This token, the step also moving ``structure`` out over the link after computing."""
@@ -549,6 +632,12 @@ def add_zero(structure, zero):
 
     # tf.nest, not keras.tree: TF 2.15's Keras 2 has no keras.tree (same structures here: lists, tuples, dicts).
     return tf.nest.map_structure(add, structure)
+
+
+def inter_op_threads(devices: int) -> int:
+    """The inter-op threads a run of ``devices`` emulated devices needs: each may sleep in two ops at once (its
+    step's end and the copy of its next slice, ``Emulator.copy``), and two more run everything else."""
+    return 2 * int(devices) + 2
 
 
 def emulator_for(emulate, devices: Sequence[str]) -> Emulator | None:

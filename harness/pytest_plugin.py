@@ -288,6 +288,7 @@ def runs_gpu_layout_first(items, gpus: int) -> bool:
 def harness_device_layout(request) -> TestDevices:
     """Every device of this test process, set up at once before TensorFlow starts (see the module docstring)."""
     from harness.devices import use_device_layout
+    from harness.emulate import inter_op_threads
 
     config = request.config
     cpus = config.getoption("--logical-devices")
@@ -308,7 +309,8 @@ def harness_device_layout(request) -> TestDevices:
             except ValueError as err:  # the CPU tests still run; gpu_devices fails with the reason
                 problem = f"GPU 0 is not split: {err}"
     try:
-        layout = use_device_layout(cpus, split, limit)
+        # Emulated devices sleep on inter-op threads (harness.emulate.inter_op_threads).
+        layout = use_device_layout(cpus, split, limit, inter_op_threads=inter_op_threads(cpus))
     except RuntimeError as err:
         raise RuntimeError(f"{err} In a pytest run: request logical_devices or gpu_devices before a test touches "
                            "TensorFlow (the harness plugin does so before the first test where the run has "

@@ -91,13 +91,14 @@ def all_devices(grid: Grid) -> list[str]:
 
 def _create_layout(grid: Grid) -> list[str]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log out of asv's output
+    from harness import emulate
     from harness.devices import use_logical_devices
-    from harness.emulate import parse_emulate
 
     if grid.emulate is not None:
-        n = len(parse_emulate(grid.emulate))
-        # Each emulated device sleeps on one inter-op thread: leave two for the real work.
-        return use_logical_devices(n, inter_op_threads=n + 2)
+        n = len(emulate.parse_emulate(grid.emulate))
+        # The emulated devices sleep on inter-op threads (a commit before staging: one each, and two more).
+        threads = getattr(emulate, "inter_op_threads", lambda count: count + 2)(n)
+        return use_logical_devices(n, inter_op_threads=threads)
     import tensorflow as tf
 
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
@@ -146,6 +147,7 @@ def _profiles(grid: Grid, names: Sequence[str], size: str, batch: Mapping[str, i
     except NotImplementedError as err:
         return {"error": str(err)}
     from harness.bench import workloads
+    from harness.bench.tuning.probe import release_probes
     from harness.bench.tuning.tuner import profile_devices
 
     out = {}
@@ -154,8 +156,7 @@ def _profiles(grid: Grid, names: Sequence[str], size: str, batch: Mapping[str, i
         probes, _ = profile_devices(workloads.get(name), size, devices, [None] * len(devices), limit=limit)
         out[name] = [{"fixed_s": fit.model.fixed_s, "per_sample_s": fit.model.per_sample_s,
                       "ceiling": probe.ceiling if probe.stopped_by == "oom" else None} for probe, fit in probes]
-        for probe, _ in probes:
-            probe.release()
+        release_probes(probe for probe, _ in probes)
     return {"source": "profiled", "workloads": out}
 
 
@@ -266,6 +267,26 @@ def run_config(grid: Grid, profiles: dict, workload: str, method: str, split: st
     return RunConfig(workload, grid.size, method, tuple(names[i] for i in used), tuple(batches[i] for i in used),
                      seconds=grid.seconds, windows=grid.windows, warmup_steps=grid.warmup_steps,
                      emulate=None if specs is None else tuple(specs[i] for i in used))
+
+
+def overlap_configs(grid: Grid, profiles: dict, workload: str, method: str, count: int) -> tuple:
+    """``(with, without)``: the even split's ``RunConfig`` with the overlap (``harness.parallel.staging``) and without
+    it; on an emulated grid each device gets the grid's ``overlap_link`` (real devices have their own).
+
+    Raises:
+        NotImplementedError: this harness has no overlap (a commit before it), or the combination cannot run here.
+    """
+    from dataclasses import replace
+
+    from harness.emulate import parse_link
+
+    config = run_config(grid, profiles, workload, method, "even", count)
+    if not hasattr(config, "overlap"):
+        raise NotImplementedError("this commit's harness has no overlap (harness.parallel.staging)")
+    link = getattr(grid, "overlap_link", None)
+    if config.emulate is not None and link is not None:
+        config = replace(config, emulate=tuple(replace(e, link=parse_link(link)) for e in config.emulate))
+    return config, replace(config, overlap=False)
 
 
 def run(config) -> dict:

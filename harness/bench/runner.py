@@ -228,7 +228,7 @@ def build_model(config: RunConfig, workload=None, *, cluster=None, strategy=None
     compile_args = workload.compile_args(template)  # a user's model: its own compiled loss, optimizer, metrics
     method = "towers" if config.method == RunMethod.SINGLE else config.method
     model = parallelize(template, list(config.devices) if cluster is None else cluster, ratios=list(config.batches),
-                        method=method, emulate=config.emulate)
+                        method=method, emulate=config.emulate, overlap=config.overlap)
     model.compile(**compile_args)
     return model
 

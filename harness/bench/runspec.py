@@ -93,6 +93,8 @@ class RunSpec(RunHead):
     at its end. ``throttle`` entries ``(device_index, rate, at_step)`` change an
     emulated device's rate (samples/s) before training step ``at_step``
     (counted from 0, warm-up steps included): a card that throttles mid-run.
+    ``overlap``: harness' methods copy each device's next slice while the step runs
+    (``harness.parallel.staging``); False copies it inside the step (the stock baseline has Keras' own input).
     """
 
     batches: tuple[int, ...]
@@ -106,6 +108,7 @@ class RunSpec(RunHead):
     rebalance_every: int | None = None
     throttle: tuple[tuple[int, float, int], ...] = ()
     data: str | None = None
+    overlap: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "batches", tuple(self.batches))
@@ -135,6 +138,8 @@ class RunSpec(RunHead):
             raise InvalidValue(f"windows must be an int >= 1; got windows={self.windows!r}")
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
             raise InvalidValue(f"warmup_steps must be an int >= 1; got warmup_steps={self.warmup_steps!r}")
+        if not isinstance(self.overlap, bool):
+            raise InvalidValue(f"overlap must be true or false; got overlap={self.overlap!r}")
         self._validate_rebalance()
         self._validate_stock()
 

@@ -74,8 +74,9 @@ def run(args) -> int:
     _precheck(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from harness.devices import use_logical_devices
+    from harness.emulate import inter_op_threads
 
-    devices = use_logical_devices(args.devices, inter_op_threads=args.devices + 2)  # as emulated runs do
+    devices = use_logical_devices(args.devices, inter_op_threads=inter_op_threads(args.devices))
     out = Output(args, "calibrate", {"models": args.models or workloads.names(), "size": args.size,
                                      "devices": devices, "batch_per_device": args.batch})
     out.say(f"calibrating emulation on {len(devices)} logical CPU device(s), {args.batch} samples per device per step")

@@ -57,6 +57,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-stock", action="store_true",
                    help="leave out the stock Keras rows (plain Keras on the first device, Keras fit under a stock "
                         "MirroredStrategy on the even split)")
+    p.add_argument("--overlap", choices=("on", "off", "both"),
+                   help="harness' steps copy each device's next slice while the step runs (on), inside it (off), "
+                        "or both: the last split's rows again without the overlap, its gain measured in this run "
+                        "(default: both where an emulated device has a link, else on; across workers on or off)")
     p.add_argument("--plot", metavar="PNG", help="bar chart path (default: next to the record)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="compare across N local worker processes of one loopback cluster (see above)")
@@ -72,7 +76,7 @@ def _rows(args, setup, size: str, batch: int):
     from harness.bench.runner import RunConfig
 
     common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
-                  input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data)
+                  input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data, overlap=_overlaps(args, setup)[0])
     share = max(1, batch // len(setup.devices))
     singles = []
     for i, device in enumerate(setup.devices):
@@ -122,9 +126,12 @@ def run(args) -> int:
         return result
 
     stock = not args.no_stock
+    overlaps = _overlaps(args, setup)
+    out.record["overlap"] = args.overlap or ("both" if len(overlaps) > 1 else "on")
 
     def work():
-        total = n + (2 if args.no_tune else 3) * len(args.methods) + (3 if stock and n > 1 else 2 * stock)
+        total = (n + (2 if args.no_tune else 3) * len(args.methods) + (3 if stock and n > 1 else 2 * stock)
+                 + (len(overlaps) - 1) * len(args.methods))
         solo = [measure(label, config, total) for label, config in singles]
         if stock:  # the whole batch on the first device: harness' single-device wrapper, then plain Keras
             first = singles[0][1]
@@ -137,6 +144,7 @@ def run(args) -> int:
         splits = [(kind, split_batches(kind, batch, n, ratios=ratios)) for kind in ("even", "ratio")]
         if not args.no_tune:
             splits.append(("tuned", _tuned_split(args, setup, size, batch, out)))
+        last = [name for name, split in splits if split is not None][-1]
         for name, split in splits:
             if split is None:
                 continue
@@ -149,19 +157,30 @@ def run(args) -> int:
                     rows[-1]["fidelity"] = stock_fidelity(args.model, size, batch, setup.devices, args.data)
                     out.say(f"  stock Keras vs one device: {fidelity_text(rows[-1]['fidelity'])}")
                     out.save()
-            for method in args.methods:
-                config = RunConfig(args.model, size, method if len(used) > 1 else "single",
-                                   tuple(setup.devices[i] for i in used), tuple(split[i] for i in used),
-                                   emulate=emulate, **common)
-                measure(f"{name} {method}", config, total)
+            for overlap in overlaps if name == last else overlaps[:1]:
+                for method in args.methods:
+                    config = RunConfig(args.model, size, method if len(used) > 1 else "single",
+                                       tuple(setup.devices[i] for i in used), tuple(split[i] for i in used),
+                                       emulate=emulate, **dict(common, overlap=overlap))
+                    measure(f"{name} {method}" + ("" if overlap or len(overlaps) == 1 else " no overlap"), config,
+                            total)
 
     out.guard(work)
     return _report(args, out, rows, setup)
 
 
+def _overlaps(args, setup) -> tuple[bool, ...]:
+    """The overlap settings of the parallel rows: ``--overlap``, by default both where a link is emulated."""
+    chosen = args.overlap
+    if chosen is None:
+        chosen = "both" if any(e.link is not None for e in setup.emulate or ()) else "on"
+    return {"on": (True,), "off": (False,), "both": (True, False)}[chosen]
+
+
 def _report(args, out, rows: list[dict], setup) -> int:
     """The comparison table, harness over stock, the chart; the record finished."""
     out.record["versus_stock"] = versus_stock(rows)
+    out.record["overlap_gain"] = overlap_gain(rows)
     out.finish(status="complete")
     table = comparison_table(rows)
     plot = options.chart("compare", lambda: _plot(args, out, rows, setup))
@@ -173,6 +192,8 @@ def _report(args, out, rows: list[dict], setup) -> int:
         print(f"ratio split from {out.record['ratio_source']}")
         for entry in out.record["versus_stock"]:
             print(f"{entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x")
+        for entry in out.record["overlap_gain"]:
+            print(f"overlap: {entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x")
         if plot is not None:
             print(f"chart: {plot}")
     _warn_host_bound(rows)
@@ -200,6 +221,7 @@ def _warn_host_bound(rows: list[dict]) -> None:
 def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | None:
     """``harness tune``'s split of ``batch``: profile each device alone, then ``splits.split_batches("tuned")``."""
     from harness.bench import workloads
+    from harness.bench.tuning.probe import release_probes
     from harness.bench.tuning.splits import TUNED_MARGIN, split_batches, usable_ceilings
     from harness.bench.tuning.tuner import host_bound_entries, linked_models, profile_devices
     from harness.errors import Refused
@@ -209,8 +231,7 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     quiet = lambda text: None if text.startswith("    batch") else out.say(text)  # noqa: E731
     probes, records = profile_devices(workloads.get(args.model, args.data), size, setup.devices, specs, limit=batch,
                                       seed=args.seed, on_event=quiet)
-    for probe, _ in probes:
-        probe.release()
+    release_probes(probe for probe, _ in probes)
     ceilings = [probe.ceiling for probe, _ in probes]
     out.record["tuning"] = {"devices": records, "usable_ceilings": usable_ceilings(ceilings, batch, TUNED_MARGIN),
                             "host_bound": host_bound_entries({"devices": records})}
@@ -219,7 +240,8 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
 
         text = host_bound_text(out.record["tuning"]["host_bound"])
         print(f"harness compare: warning: tuned split's profiles: {text}", file=sys.stderr)
-    models, links = linked_models(probes, specs)  # an emulated link's exchange with the merge device counted
+    # An emulated link's exchange with the merge device counted, beside the compute where the rows overlap it.
+    models, links = linked_models(probes, specs, overlap=_overlaps(args, setup)[0])
     if any(links):
         out.record["tuning"]["links"] = links
     try:
@@ -244,9 +266,13 @@ def _compare_cluster(args) -> int:
         raise InvalidValue("across workers harness trains with method mirrored; "
                            f"got --methods {' '.join(args.methods)}")
 
+    if args.overlap == "both":
+        raise InvalidValue("across workers each row is one cluster run: give --overlap on or off, not both")
+
     def plan(label: str, **changes):
         row = argparse.Namespace(**{**vars(args), "method": "mirrored", "batches": None, "throttle": None,
-                                     "rebalance": None, "ratios": None, **changes})
+                                     "rebalance": None, "ratios": None, "no_overlap": args.overlap == "off",
+                                     **changes})
         return (label, *cluster_plan(row))
 
     even = plan("even mirrored")
@@ -339,6 +365,13 @@ def versus_stock(rows: list[dict]) -> list[dict]:
             pairs += [(label, "even keras"), (label, one)]
     return [{"row": row, "baseline": base, "ratio": by_label[row] / by_label[base]}
             for row, base in pairs if base is not None and by_label.get(row) and by_label.get(base)]
+
+
+def overlap_gain(rows: list[dict]) -> list[dict]:
+    """Each row with the overlap over its twin without it (``--overlap both``), measured in this run."""
+    by_label = {row["label"]: _median(row) for row in rows}
+    return [{"row": label, "baseline": f"{label} no overlap", "ratio": value / by_label[f"{label} no overlap"]}
+            for label, value in by_label.items() if value and by_label.get(f"{label} no overlap")]
 
 
 def stock_fidelity(model: str, size: str, batch: int, devices, data: str | None = None) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.bench import workloads
-from harness.emulate import EmulatedDevice, parse_emulate
+from harness.emulate import EmulatedDevice, inter_op_threads, parse_emulate
 from harness.errors import InvalidValue
 
 __all__ = ["SEED_000_EMULATE", "DeviceSetup", "add_common", "setup_devices", "check_common", "default_size",
@@ -117,14 +117,24 @@ def expected_device_count(args) -> int | None:
 
 
 def chart(command: str, draw: Callable[[], Path | None]) -> Path | None:
-    """``draw()``'s chart, or, without matplotlib, one line on stderr naming the extra and no chart."""
+    """``draw()``'s chart, or, without matplotlib, one line on stderr naming the extra and no chart.
+
+    Drawn with the objects of the training before it frozen out of the garbage collector: matplotlib allocates
+    enough to start a full collection, which spent 16 s walking and freeing TensorFlow's traced graphs after
+    ``harness tune`` (the chart itself takes 0.1 s).
+    """
+    import gc
+
     from harness.extras import MissingExtra
 
+    gc.freeze()
     try:
         return draw()
     except MissingExtra as err:
         print(f"harness {command}: chart skipped: {err}", file=sys.stderr)
         return None
+    finally:
+        gc.unfreeze()
 
 
 def _gpu_count() -> int:
@@ -144,7 +154,7 @@ def setup_devices(args) -> DeviceSetup:
     if emulate is not None:
         specs = parse_emulate(emulate)
         # Each emulated device sleeps on one inter-op thread: leave threads for the real work.
-        names = use_logical_devices(len(specs), inter_op_threads=len(specs) + 2)
+        names = use_logical_devices(len(specs), inter_op_threads=inter_op_threads(len(specs)))
         note = "emulated devices: " + ", ".join(f"{d} = {s}" for d, s in zip(names, specs))
         return DeviceSetup(tuple(names), specs, "emulated", note)
     if args.logical_cpus is not None:

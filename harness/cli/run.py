@@ -66,6 +66,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--throttle", nargs="+", metavar="INDEX:RATE@STEP",
                    help="emulated device INDEX drops (or rises) to RATE samples/s from training step STEP on, "
                         "e.g. 1:400@40 (needs --emulate)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="copy each device's slice inside its step, not while the step before runs (harness' "
+                        "methods; what the overlap saves)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="train across N local worker processes of one loopback cluster (harness launch, "
                         "harness.use_cluster; --method keras: tf_keras fit under a stock "
@@ -109,7 +112,7 @@ def _spec_options(args) -> dict:
     """The run's options from the command line, for ``RunConfig`` (``harness.bench.runspec.RunSpec``'s fields)."""
     return dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
                 input_delay_ms=args.input_delay_ms, seed=args.seed, rebalance_every=args.rebalance,
-                throttle=parse_throttle(args.throttle), data=args.data)
+                throttle=parse_throttle(args.throttle), data=args.data, overlap=not args.no_overlap)
 
 
 def _batches(args, devices) -> tuple[int, ...]:
@@ -177,7 +180,8 @@ def run(args) -> int:
                        _batches(args, setup.devices), emulate=setup.emulate, **_spec_options(args))
     out = Output(args, "run", {"run": config.to_json(), "device_kind": setup.kind})
     out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} device(s), batch "
-            f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s")
+            f"{config.batch} = {list(config.batches)}; {config.windows} windows of {config.seconds:g} s"
+            + ("; no overlap (each slice copied inside its step)" if not config.overlap else ""))
     if setup.note:
         out.say(setup.note)
     if config.rebalance_every or config.throttle:

@@ -33,7 +33,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="memory ceilings, throughput curves, the best split, verified",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    options.add_common(p, seconds=1.0, windows=3)
+    options.add_common(p, seconds=0.75, windows=3)
     goal = p.add_mutually_exclusive_group()
     goal.add_argument("--global-batch", type=int, metavar="N", help="split this many samples per step")
     goal.add_argument("--max", action="store_true",

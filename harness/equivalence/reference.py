@@ -329,5 +329,6 @@ def _fit_float64(model, run: _Comparison, callbacks=None) -> tuple[float, ...]:
     with _float64_policy(run.keras, run.keras2):
         # fit_args: the float32 runs' batch size, epochs (no shuffling), sample and class weights
         history = model.fit(_as_float64(run.x), _as_float64(run.y), callbacks=callbacks,
-                            **{**run.fit_args, "sample_weight": _as_float64(run.fit_args["sample_weight"])})
+                            **{**run.fit_args, "sample_weight": _as_float64(run.fit_args["sample_weight"]),
+                               "validation_data": _as_float64(run.fit_args.get("validation_data"))})
     return tuple(history.history["loss"])

@@ -44,6 +44,7 @@ def compare_training(
     reference: str | None = None,
     single_runs: dict | None = None,
     skip_float64_parallel_within: float | None = None,
+    validation_data=None,
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
@@ -69,6 +70,8 @@ def compare_training(
         sample_weight: as for ``fit``.
         class_weight: as for ``fit``.
         seed: seeds Keras before building the models.
+        validation_data: as for ``fit`` (``(x, y)``): every run evaluates it after each epoch, and its
+            ``val_`` losses and metrics are compared as the training ones (a model's own ``test_step``).
         callbacks: Keras callbacks for the parallel run only, e.g. one that
             calls ``self.model.set_ratios(...)`` between steps.
         jit_compile: passed to ``compile`` of both models (XLA on or off).
@@ -148,7 +151,7 @@ def compare_training(
         build_model=build_model, initial_weights=initial_weights, keras=keras_module_of(template),
         keras2=is_keras2_model(template), x=x, y=y, samples=n,
         fit_args=dict(batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
-                      sample_weight=sample_weight, class_weight=class_weight),
+                      sample_weight=sample_weight, class_weight=class_weight, validation_data=validation_data),
         optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics, jit_compile=jit_compile,
         wrap=wrap, devices=devices, ratios=ratios, callbacks=callbacks, kept=kept, shared=shared,
     )
@@ -160,7 +163,9 @@ def compare_training(
         kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
     one = kept["single"]
     if traced is None:
-        traced = _Traced.of(template, run.compiled(parallel), shared)
+        # A model's own steps may step optimizers of its own (a GAN's two), which a kept model's restore would
+        # not reset: not kept.
+        traced = _Traced.of(template, run.compiled(parallel), None if getattr(parallel, "own_steps", ()) else shared)
     history_parallel = parallel.fit(x, y, callbacks=callbacks, **run.fit_args).history
     traced.keep(kept, key)  # trained to the end: reusable
     report = _report(getattr(method, "__name__", "custom") if callable(method) else method, one, template,

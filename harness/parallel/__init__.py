@@ -7,7 +7,7 @@ from enum import Enum
 
 from harness.cluster import Cluster
 from harness.emulate import emulator_for
-from harness.errors import InvalidType, InvalidValue, NotSupported
+from harness.errors import InvalidType, InvalidValue
 from harness.split import validate_ratios
 
 __all__ = ["parallelize", "multi_gpu_model", "Method", "METHODS"]
@@ -32,6 +32,7 @@ def parallelize(
     sync_batchnorm: bool = True,
     merge_device: str | None = None,
     emulate=None,
+    overlap: bool = True,
 ):
     """Wraps a built Keras model so each batch is split over devices by ratios.
 
@@ -46,8 +47,10 @@ def parallelize(
             same steps through its adapter (``harness.parallel.adapters``);
             layers it cannot train exactly raise
             ``harness.compat.Keras2NotSupported``. A model with its own
-            ``train_step``/``test_step``/``compute_loss`` is refused
-            (``harness.errors.NotSupported``, a ``NotImplementedError``): the parallel steps would skip it.
+            ``train_step``/``test_step``/``compute_loss`` runs them unchanged with
+            ``method="towers"``, its model calls split over the devices
+            (``harness.parallel.custom``); other methods refuse it
+            (``harness.errors.NotSupported``, a ``NotImplementedError``).
         devices: device names (``["/gpu:0", "/gpu:1"]``), GPU ids, or an int N
             for the first N GPUs (the first N logical CPUs without a GPU); or the
             ``harness.use_cluster()`` of a multi-worker run (``method="mirrored"``;
@@ -73,6 +76,10 @@ def parallelize(
         emulate: make the devices emulated heterogeneous devices: one
             ``harness.emulate.EmulatedDevice`` per device, a spec string
             ``"1345:1100,875"``, or an ``Emulator`` shared by several models.
+        overlap: ``fit`` copies each device's next slice to it while the
+            current step runs (``harness.parallel.staging``); ``False`` copies
+            each slice inside its step (what the overlap saves, measured).
+            Across workers, each worker's slices are cut in its step.
 
     Returns:
         A ``keras.Model`` to ``compile`` and ``fit``.
@@ -85,7 +92,7 @@ def parallelize(
             BatchNormalization layer it cannot synchronise (``harness.compat.Keras2NotSupported``, also a
             ``RuntimeError``, on Keras 2), a layer towers cannot run.
         harness.errors.NotSupported: the model defines its own ``train_step``, ``test_step`` or ``compute_loss``
-            (a ``Refused`` and a ``NotImplementedError``).
+            and ``method`` is not ``"towers"`` (a ``Refused`` and a ``NotImplementedError``).
 
     Examples:
         >>> import harness, keras
@@ -110,8 +117,8 @@ def parallelize(
         raise InvalidValue(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
         )
-    _refuse_own_train_step(model)
     cluster = devices if isinstance(devices, Cluster) else None
+    _refuse_own_steps(model, method, cluster is not None)
     if cluster is not None and method != "mirrored":
         raise InvalidValue(f"across workers (a harness.use_cluster() cluster as devices) method must be 'mirrored'; "
                            f"got method={method!r}")
@@ -133,6 +140,7 @@ def parallelize(
     else:
         from harness.parallel.mirrored import mirrored_class as make
     parallel = make(adapter)(model, cluster or names, ratios, sync_batchnorm, merge, emulator_for(emulate, names))
+    parallel.overlap = overlap
     if auto:
         from harness.compat import keras_module_of
         from harness.parallel.rebalance import rebalance_class
@@ -146,22 +154,15 @@ AUTO_EVERY = 10  # ratios="auto": steps per measurement window
 AUTO_WARMUP = 2  # ... and steps ignored first (tracing) and after each re-split
 
 
-def _refuse_own_train_step(model) -> None:
-    """A model with its own ``train_step``/``test_step`` would have it bypassed: refused, by name."""
-    import importlib
+def _refuse_own_steps(model, method: str, across_workers: bool) -> None:
+    """A model with its own ``train_step``/``test_step``/``compute_loss`` runs them on towers (``custom``);
+    every other method refuses it, by name."""
+    from harness.parallel import custom
 
-    from harness.compat import keras_module_name
-
-    base = importlib.import_module(keras_module_name(model)).Model
-    own = [name for name in ("train_step", "test_step", "compute_loss")
-           if getattr(type(model), name, None) is not getattr(base, name, None)]
-    if own:
-        raise NotSupported(
-            "custom-train-step",
-            f"model {model.name!r} ({type(model).__name__}) defines its own {', '.join(own)}; a parallel model "
-            "runs its own exact steps and would silently skip yours. Move the custom logic into call() / "
-            "add_loss(), or train this model on one device"
-        )
+    own = custom.own_steps(model)
+    if own and (method != "towers" or across_workers):
+        where = "across workers, method='mirrored'" if across_workers else f"method={method!r}"
+        raise custom.refusal(model, own, where)
 
 
 def _is_auto(ratios) -> bool:

@@ -25,6 +25,7 @@ from harness.emulate import add_zero
 from harness.parallel import Method, layerwise, slicing
 from harness.parallel.adapters.base import add_all
 from harness.parallel.common import ParallelCommon, Untracked
+from harness.parallel.staging import Staged
 
 __all__ = ["Method", "ParallelModel", "add_all", "add_zero_where_present"]
 
@@ -67,11 +68,26 @@ class ParallelModel(ParallelCommon):
 
     # -- split and merge --------------------------------------------------------
     def _split(self, x):
-        """``(n, sizes, slices)``: the batch size, per-device sizes and slices of ``x``, cut on the host."""
+        """``(n, sizes, slices)``: the batch size, per-device sizes and slices of ``x``, cut on the host (a
+        staged batch's, already on their devices: ``staging``)."""
+        staged = self._staged_for(x)
+        if staged is not None:
+            return staged.n, staged.sizes, staged.parts
         with tf.device(self.input_device):
             n = slicing.batch_size_of(x)
             sizes = slicing.split_sizes(n, self._shares_ref.value)
             return n, sizes, slicing.split_structure(x, sizes, len(self.devices))
+
+    def _batch_sources(self, x) -> list:
+        """The step's input tensors a sparse lookup may depend on (``sparse``): ``x``'s, and the slices of a
+        staged batch (its slices are inputs of the step, not cut from ``x`` in it)."""
+        staged = self._staged_for(x)
+        return tf.nest.flatten(x) + ([] if staged is None else tf.nest.flatten(staged.parts, expand_composites=True))
+
+    def _staged_for(self, x):
+        """The staged batch whose input is ``x`` (the step being traced reads its slices), else None."""
+        staged = self._staged_now
+        return staged if staged is not None and x is staged.whole else None
 
     def _merge(self, parts):
         """The devices' output structures joined in batch order, masks and logits included."""
@@ -256,10 +272,17 @@ class ParallelModel(ParallelCommon):
     # -- the Keras steps ----------------------------------------------------------
     def train_step(self, data):
         x, y, sample_weight = self._adapter.k.utils.unpack_x_y_sample_weight(data)
-        y_pred, extra, compiled = self._by_batch_size(
-            x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight),
-            small_possible=self._small_batches_possible,
-        )
+        staged = x if isinstance(x, Staged) else None
+        if staged is not None:  # cut and copied while the step before ran: the step reads its slices
+            x = staged.whole
+        self._staged_now = staged
+        try:
+            y_pred, extra, compiled = self._by_batch_size(
+                x, lambda: self._parallel_train(x, y, sample_weight), lambda: self._single_train(x, y, sample_weight),
+                small_possible=self._small_batches_possible,
+            )
+        finally:
+            self._staged_now = None
         return self._report(x, y, y_pred, sample_weight, extra, compiled)
 
     def _forward(self, x):

@@ -7,6 +7,7 @@ needed, it is the one of the model's own Keras (``compat.keras_module_of``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import tensorflow as tf
@@ -129,7 +130,8 @@ class ParallelCommon:
         """
         if self.emulator is None:
             return x, None
-        return self.emulator.begin(device, x, reads=self._remote_weights(device) if weights else (0, 0))
+        return self.emulator.begin(device, x, reads=self._remote_weights(device) if weights else (0, 0),
+                                   staged=self._staged_now is not None, overlap=self.overlap)
 
     def _end_device(self, device: str, y, token):
         """The device's output, gated on its emulated finish (if emulated or timed); off the merge device, the
@@ -182,9 +184,46 @@ class ParallelCommon:
         self._traced_small = small
         if self.optimizer is not None:
             self.build_optimizer()
+        made = self.train_function
         super().make_train_function(force)  # sets train_function (Keras 3 returns nothing)
-        self.train_function = self._adapter.first_call_builds(self, self.train_function)
+        if made is not None and self.train_function is made:  # Keras kept the one it has (ours, wrapped)
+            return made
+        self.train_function = self._adapter.first_call_builds(self, self._staged(self.train_function))
         return self.train_function
+
+    # -- overlap: each device's next slice copied while the step runs (``staging``) ----------------
+    _staging_supported = True  # across workers: each worker's own input pipeline (not staged)
+    _staging_active = False  # inside fit
+    _staged_now = None  # the staged batch the train step is being traced with
+
+    @property
+    def overlap(self) -> bool:
+        """Whether ``fit`` stages each device's next slice while the step runs (``parallelize(overlap=...)``)."""
+        return self._staging_supported and getattr(self, "_overlap", True)
+
+    @overlap.setter
+    def overlap(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise InvalidType(f"overlap must be True or False; got overlap={value!r}")
+        self._overlap = value
+
+    @property
+    def _stager(self):
+        ref = getattr(self, "_stager_ref", None)
+        return None if ref is None else ref.value
+
+    def _staged(self, keras_function):
+        """The train function ``fit`` calls: a ``staging.Stager`` over Keras' own (kept across retraces, with
+        the batch it staged)."""
+        from harness.parallel.staging import Stager
+
+        stager = self._stager
+        if stager is None:
+            stager = Stager(self, keras_function)
+            self._stager_ref = Untracked(stager)
+        else:
+            stager.retrace(keras_function)
+        return stager
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3 calls this from fit/evaluate/train_on_batch; without a distribution strategy
@@ -214,15 +253,53 @@ class ParallelCommon:
                                       given.get("steps_per_epoch"))
         return smallest is None or smallest < len(self.devices)
 
+    # -- a refusal raised while Keras traces a step reaches the caller as itself -----------------
+    # Keras 2's autograph turns an exception raised in a traced step into a StagingError where it cannot rebuild it
+    # (a Refused takes two arguments): a step registers its refusal (``_refusing``) and fit/evaluate/predict raise it.
+    _trace_refusal: Refused | None = None
+
+    def _refusing(self, err: Refused) -> Refused:
+        self._trace_refusal = err
+        return err
+
+    @contextlib.contextmanager
+    def _trace_refusals(self):
+        self._trace_refusal = None
+        try:
+            yield
+        except Exception as err:
+            refusal = self._trace_refusal
+            if refusal is None or err is refusal:
+                raise
+            raise refusal.with_traceback(None) from err
+        finally:
+            self._trace_refusal = None
+
+    def evaluate(self, *args, **kwargs):
+        with self._trace_refusals():
+            return super().evaluate(*args, **kwargs)  # the Keras Model's
+
+    def predict(self, *args, **kwargs):
+        with self._trace_refusals():
+            return super().predict(*args, **kwargs)  # the Keras Model's
+
     # -- training keeps the template current; ratios="auto" adds its rebalancer ------------
     def fit(self, *args, **kwargs):
+        with self._trace_refusals():
+            return self._fit(*args, **kwargs)
+
+    def _fit(self, *args, **kwargs):
         self._check_rebalance(args, kwargs)
         if self.rebalancer is not None:
             args, kwargs = self._with_rebalancer(args, kwargs)
         self._small_batches_possible = self._fit_may_see_small_batches(args, kwargs)
+        self._staging_active = True
         try:
             return super().fit(*args, **kwargs)
         finally:
+            self._staging_active = False
+            if self._stager is not None:
+                self._stager.drain()
             self._small_batches_possible = True
             self.sync_to_template()
 

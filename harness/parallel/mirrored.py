@@ -158,7 +158,7 @@ class Mirrored(ParallelModel):
             y_parts, weight_parts = (slicing.split_structure(v, sizes, len(self.devices)) for v in (y, sample_weight))
         replicas = float(self.strategy.num_replicas_in_sync)
         a = self._adapter
-        sources = tf.nest.flatten(x)  # a sparse gradient's lookup depends on the batch, or not (``sparse``)
+        sources = self._batch_sources(x)  # a sparse gradient's lookup depends on the batch, or not (``sparse``)
 
         def replica_step(x_local):
             ctx = tf.distribute.get_replica_context()

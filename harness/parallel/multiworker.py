@@ -122,6 +122,8 @@ def lost_peer_message(err: Exception, cluster: Cluster) -> str:
 class MultiWorker(Mirrored):
     """A mirrored model whose replicas are the workers of a ``Cluster``, each worker's devices its towers."""
 
+    _staging_supported = False  # each worker cuts the whole batch its own pipeline gives it (``staging``: not here)
+
     def __init__(self, template, cluster: Cluster, ratios, sync_batchnorm, merge_device, emulator=None):
         uses_layerwise, synced_layers = self._check_towers(template, cluster, sync_batchnorm)  # before TF work
         self._cluster = cluster

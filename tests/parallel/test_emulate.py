@@ -80,9 +80,12 @@ def accuracy(emulation):
 def test_alone_each_device_runs_at_its_emulated_rate(accuracy):
     fast, slow = accuracy["rates"]
     assert accuracy["alone0"]["host_bound"] == accuracy["alone1"]["host_bound"] == []
-    assert accuracy["alone0"]["sps"] == pytest.approx(fast, rel=0.10)
-    assert accuracy["alone1"]["sps"] == pytest.approx(slow, rel=0.10)
+    # The device's own time is the emulation's, to 2%. Samples/s also counts the host's work between the steps
+    # (fit's loop, the staging thread): under two CPU hogs beside the suite's two workers it took 11% once
+    # (704 for 789 at 585cc9b), so 15%.
     assert accuracy["alone0"]["busy_rate"][0] == pytest.approx(fast, rel=0.02)
+    assert accuracy["alone0"]["sps"] == pytest.approx(fast, rel=0.15)
+    assert accuracy["alone1"]["sps"] == pytest.approx(slow, rel=0.15)
 
 
 @pytest.mark.timing
@@ -204,7 +207,9 @@ def test_a_slow_input_pipeline_is_flagged_as_starved(tmp_path, emulation):
 @pytest.mark.extended
 @pytest.mark.timing
 def test_harness_compare_puts_even_and_ratio_side_by_side(tmp_path, emulation):
-    fast, slow = emulation.scale(4000, 2000)
+    # At half the usual share of this host: beside two CPU hogs the host's work between steps (outside the
+    # devices: not late, just slow) took 17-25% of the even towers' samples/s at the full share (at 9014a53 too).
+    fast, slow = (rate // 2 for rate in emulation.scale(4000, 2000))
     done = run_harness(["compare", "--emulate", f"{fast},{slow}", "--batch", "240", "--seconds", "0.3",
                         "--windows", "2"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -326,6 +331,7 @@ def test_parse_emulate_links():
     assert "link pcie4x8 15.8 GB/s, 10 us" in str(device)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("method", METHODS)
 def test_an_emulated_link_charges_bytes_over_bandwidth_plus_latency(logical_devices, any_keras, method):
     """Each step of the device off the merge device pays for its slice and the weights coming in, its
@@ -334,12 +340,15 @@ def test_an_emulated_link_charges_bytes_over_bandwidth_plus_latency(logical_devi
     import numpy as np
 
     k, devices = any_keras, logical_devices[:2]
-    features, rows, gb_per_s, latency_us, rate = 2000, 40, 0.01, 200.0, 1e6
+    # About 75 ms of link per step: the sleep that ends the busy time overshot by ~4 ms beside two CPU hogs
+    # (34.4 ms for 30.1 at 10 MB/s, once), well inside 10% of 75 ms.
+    features, rows, gb_per_s, latency_us, rate = 2000, 40, 0.004, 200.0, 1e6
     model = k.Sequential([k.Input((features,)), k.layers.Dense(8)])
     x = np.random.default_rng(0).normal(size=(rows * 6, features)).astype("float32")
     y = np.zeros((rows * 6, 8), "float32")
     emulate = f"{rate:g}@{gb_per_s}/{latency_us:g},{rate:g}@{gb_per_s}/{latency_us:g}"
-    parallel = harness.parallelize(model, devices, ratios=[1, 1], method=method, emulate=emulate)
+    # Without the overlap every slice crosses the link inside its step (staged: test_staging_hides_...).
+    parallel = harness.parallelize(model, devices, ratios=[1, 1], method=method, emulate=emulate, overlap=False)
     parallel.compile(optimizer="sgd", loss="mse")
     parallel.fit(x, y, batch_size=rows, epochs=1, verbose=0)  # 6 steps of 20 + 20 rows
     events = [e for e in parallel.emulator._events if e.device == parallel.devices[1]]

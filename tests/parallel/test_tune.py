@@ -46,10 +46,13 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     result = record["result"]
     assert result["host_bound"] == [] and "harness tune: warning" not in done.stderr  # the figures are the emulation's
     choice, tuned, even = result["choice"], result["verify"]["tuned"], result["verify"]["even"]
-    # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at twice that.
+    # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at about twice that:
+    # less by what its larger fixed cost per step takes (the host's work per step is the same on both devices,
+    # a larger share of the fast one's step; beside two CPU hogs here 518 for 562, 8% less).
     assert [d["ceiling"] <= m for d, m in zip(result["devices"], (600, 300))] == [True, True]
     assert choice["batches"][1] <= result["devices"][1]["ceiling"]
-    assert choice["batches"][0] == pytest.approx(2 * choice["batches"][1], rel=0.06)
+    fits = [d["fit"] for d in result["devices"]]
+    assert choice["batches"][0] == pytest.approx(2 * choice["batches"][1], rel=0.12), fits
     assert tuned["status"] == "complete" and tuned["efficiency"] > 0.9
     assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
     assert even["status"] == "complete" and even["efficiency"] < tuned["efficiency"]
@@ -65,25 +68,36 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
 
 @pytest.mark.timing
 def test_a_fast_card_on_a_slow_link_gets_less(tmp_path, emulation):
-    # Two cards of one speed, the second on a link of 10 MB/s: its solo curve pays for its input slices, and in
-    # the parallel run it also exchanges the weights and gradients with the first (the merge device).
-    rate = emulation.scale(2000)[0]
-    done = run_harness(["tune", "--emulate", f"{rate}:600:2@pcie3x16,{rate}:600:2@0.01", "--global-batch", "400",
-                        "--seconds", "0.4", "--windows", "2", "--no-even", "--json"], tmp_path)
+    # Two cards of one speed, the second on a link that copies a sample in twice the time it computes one: its
+    # solo curve pays for its input slices (copied while the step before runs: slower than it computes them), and
+    # in the parallel run it also exchanges the weights and gradients with the first (the merge device), beside
+    # its compute. The link scales with the rate (a fixed 1 MB/s link left the two curves 1.23x apart once, at a
+    # rate scaled down beside two CPU hogs). At an eighth of what this host sustained: at a quarter, its staged
+    # probe steps were late beside two CPU hogs (host-bound, 1 run in 4).
+    rate = emulation.scale(2000)[0] // 2
+    gb_per_s = float(f"{rate * 784 * 4 / 2 / 1e9:.3g}")  # mnist_maxing's 28 x 28 float32 images
+    done = run_harness(["tune", "--emulate", f"{rate}:600:2@pcie3x16,{rate}:600:2@{gb_per_s}", "--global-batch",
+                        "400", "--seconds", "0.4", "--windows", "2", "--no-even", "--json"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)["result"]
     assert result["host_bound"] == []
     choice, tuned = result["choice"], result["verify"]["tuned"]
     assert choice["batches"][0] > 1.3 * choice["batches"][1], choice
     links = choice["links"]
-    assert links[0]["exchange_ms"] == 0 and links[1]["link"]["gb_per_s"] == 0.01
+    assert links[0]["exchange_ms"] == 0 and links[1]["link"]["gb_per_s"] == gb_per_s and links[1]["overlap"]
     # the exchange counted: mnist_maxing's weights in and as many gradient bytes out, a latency per tensor each way
     weights = result["devices"][1]
-    expected = 1000 * (2 * weights["weight_tensors"] * 10e-6 + 10e-6 + 2 * weights["weight_bytes"] / 0.01e9)
+    expected = 1000 * (2 * weights["weight_tensors"] * 10e-6 + 10e-6 + 2 * weights["weight_bytes"] / (gb_per_s * 1e9))
     assert links[1]["exchange_ms"] == pytest.approx(expected, rel=1e-9) and expected > 5
     assert tuned["status"] == "complete"
-    assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.1)
-    assert tuned["efficiency"] > 0.9  # of the devices' solo samples/s at their batches, each paying its own copies
+    # Measured beside whatever the other xdist worker runs then: the host's pauses outside the devices' steps (the
+    # staging thread, fit's loop) slow the run without making a step late. Idle here within 2% of the prediction;
+    # in the default suite 14% under it once (966 for 1120, at 6368d67), so within 20%.
+    assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.2)
+    # Of the devices' solo samples/s at their batches, each paying its own copies. The solo rates and the parallel
+    # one are measured minutes apart: idle here 0.98 to 1.03 (predicted 1.00), 0.88 once in CI's suite at 9014a53.
+    # Within 0.15 of the prediction.
+    assert tuned["efficiency"] > choice["efficiency"] - 0.15, (tuned, choice)
 
 
 def test_tune_beyond_the_host_says_host_bound_and_recommends_nothing(tmp_path, emulation):

@@ -143,11 +143,39 @@ def not_a_model():
 '''
 
 
+OWN_STEP = """
+import keras
+import tensorflow as tf
+
+
+class Clipped(keras.Model):
+    # Keras guide "Customizing what happens in fit()": its own train_step
+    def train_step(self, data):
+        x, y = data[0], data[1]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, self.trainable_variables), 1.0)
+        self.optimizer.apply(grads, self.trainable_variables)
+        for metric in self.metrics:
+            metric.update_state(loss) if metric.name == "loss" else metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def build():
+    inputs = keras.Input((12,))
+    model = Clipped(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+"""
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The user's files: text_cnn.py, tfk.py, full.py (a harness.Workload)."""
     folder = tmp_path_factory.mktemp("usermodels")
-    for name, source in (("text_cnn", TEXT_CNN), ("tfk", TF_KERAS), ("full", WORKLOAD)):
+    for name, source in (("text_cnn", TEXT_CNN), ("tfk", TF_KERAS), ("full", WORKLOAD), ("own_step", OWN_STEP)):
         (folder / f"{name}.py").write_text(textwrap.dedent(source))
     return folder
 
@@ -193,6 +221,18 @@ def test_check_gives_a_verdict_and_fails_a_model_that_is_not_equivalent(models, 
         assert rows[exact, method]["passed"] and rows[exact, method]["max_deviation"] <= 1e-6
         assert not rows[dropout, method]["passed"] and rows[dropout, method]["max_deviation"] > 1e-4
 
+
+
+def test_check_runs_a_models_own_train_step_on_towers_and_says_mirrored_refuses_it(models, tmp_path):
+    spec = f"{models}/own_step.py:build"
+    done = run_harness(["check", "--model", spec, "--logical-cpus", "2", "--ratios", "3", "2", "--time-steps", "2",
+                        "--time-batch", "32"], tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "mirrored           -          -  refused: custom-train-step: model" in done.stdout
+    assert "1 of 1 checks within tol 1e-06; 1 refused" in done.stdout
+    only = run_harness(["check", "--model", spec, "--logical-cpus", "2", "--ratios", "3", "2", "--methods",
+                        "mirrored", "--time-steps", "0"], tmp_path)
+    assert only.returncode == 2 and "defines its own train_step" in only.stderr  # nothing could run it
 
 
 @pytest.mark.extended

@@ -106,6 +106,20 @@ def test_pipeline_is_deterministic_and_drops_the_remainder():
     assert all(np.array_equal(a, b) for a, b in zip(first, again))
 
 
+def test_harness_own_pipelines_run_without_tf_datas_autotuning_model_and_a_users_dataset_keeps_its_options():
+    # Its thread held up every freed fit iterator (harness/bench/workloads/tfdata.py): 4-20 s full collections.
+    import tensorflow as tf
+
+    from harness.bench.workloads import userdata
+
+    assert make_dataset("wide_mlp", "tiny", 16, samples=32).options().autotune.enabled is False
+    assert make_dataset("wide_mlp", "tiny", 16, samples=32, input_delay_ms=1).options().autotune.enabled is False
+    x, y = np.zeros((32, 4), "float32"), np.zeros((32, 1), "float32")
+    assert userdata.dataset(lambda b: (x, y), 16, "m:data").options().autotune.enabled is False
+    own = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    assert userdata.dataset(lambda b: own, 16, "m:data").options().autotune.enabled is not False
+
+
 def test_pipeline_rejects_bad_arguments():
     with pytest.raises(ValueError, match="batch_size must be a positive integer; got batch_size=0"):
         make_dataset("wide_mlp", "tiny", 0)

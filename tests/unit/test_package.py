@@ -51,3 +51,21 @@ def test_plugin_markers_are_registered(pytestconfig):
     # a single GPU is split, so multi_gpu tests skip only without a GPU
     assert "multi_gpu: runs on the gpu_devices fixture's 2+ GPU devices" in markers
     assert "one GPU split into logical GPUs (skipped without a GPU)" in markers
+
+
+def test_the_command_freezes_what_is_left_so_the_interpreter_ends_without_a_full_collection():
+    # After harness tune the last collection took 0.2-17 s (harness.cli.console);
+    # main() alone freezes nothing (a test or a notebook goes on collecting).
+    code = (
+        "import gc, sys, contextlib, io\n"
+        "from harness.cli import console, main\n"
+        "sys.argv = ['harness', '--version']\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    status = main(['--version'])\n"
+        "    after_main = gc.get_freeze_count()\n"
+        "    status = console()\n"
+        "print(status, after_main, gc.get_freeze_count() > 0)"
+    )
+    assert _run(code).split() == ["0", "0", "True"]
+    done = subprocess.run([sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip()

@@ -19,7 +19,7 @@ SPEC = [f.name for f in fields(RunSpec)]
 DEVICES = (task_device(0, 0), task_device(1, 0))
 # A value other than the default for every option of the spec (data needs a model of the user's: left None).
 OPTIONS = dict(seconds=0.5, windows=2, warmup_steps=1, emulate=parse_emulate("400,200"), input_delay_ms=1.5, seed=7,
-               notes=("a note",), rebalance_every=5, throttle=((1, 100.0, 3),))
+               notes=("a note",), rebalance_every=5, throttle=((1, 100.0, 3),), overlap=False)
 
 
 def test_a_run_option_is_declared_once_on_the_spec_and_carried_by_both_forms_and_their_json():
@@ -64,12 +64,13 @@ def test_a_new_option_on_the_spec_reaches_a_form_by_keyword_and_json_keeping_the
 
 def test_both_forms_write_and_read_the_json_they_wrote_before():
     # Results files hold RunConfig.to_json() (throttle as dicts, the global batch); worker plans ClusterPlan.to_json()
-    # (throttle as lists), read back by from_json. Key order aside, the JSON of the forms before RunSpec.
+    # (throttle as lists), read back by from_json. Key order aside, the JSON of the forms before RunSpec, and since
+    # the overlap (harness.parallel.staging) its setting.
     emulate = [{"rate": 400.0, "max_batch": None, "overhead_ms": 0.0}, {"rate": 200.0, "max_batch": None,
                                                                         "overhead_ms": 0.0}]
     common = {"model": "mnist_maxing", "size": "tiny", "method": "mirrored", "batches": [60, 30], "seconds": 0.5,
               "windows": 2, "warmup_steps": 1, "emulate": emulate, "input_delay_ms": 1.5, "seed": 7,
-              "notes": ["a note"], "rebalance_every": 5, "data": None}
+              "notes": ["a note"], "rebalance_every": 5, "data": None, "overlap": False}
     config = RunConfig("mnist_maxing", "tiny", "mirrored", DEVICES, (60, 30), label="x", **OPTIONS)
     assert json.loads(json.dumps(config.to_json())) == {
         **common, "devices": list(DEVICES), "label": "x", "throttle": [{"device": 1, "rate": 100.0, "at_step": 3}],
@@ -80,10 +81,13 @@ def test_both_forms_write_and_read_the_json_they_wrote_before():
               "probe_steps": 4}
     assert json.loads(json.dumps(plan.to_json())) == before
     assert ClusterPlan.from_json(before) == plan
+    older = {k: v for k, v in before.items() if k != "overlap"}  # a plan written before the overlap existed
+    assert ClusterPlan.from_json(older).overlap is True
     assert RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (60, 30)).to_json() == {
         "model": "mnist_maxing", "size": "tiny", "method": "towers", "devices": ("/device:CPU:0", "/device:CPU:1"),
         "batches": (60, 30), "seconds": 5.0, "windows": 3, "warmup_steps": 2, "emulate": None, "input_delay_ms": 0.0,
-        "seed": 0, "label": "", "notes": (), "rebalance_every": None, "throttle": [], "data": None, "batch": 90}
+        "seed": 0, "label": "", "notes": (), "rebalance_every": None, "throttle": [], "data": None, "overlap": True,
+        "batch": 90}
 
 
 @pytest.mark.parametrize(("options", "needle"), [
@@ -96,6 +100,7 @@ def test_both_forms_write_and_read_the_json_they_wrote_before():
                                                 "method 'keras'"),
     ({"method": "keras"}, "method 'keras' splits the global batch evenly (stock MirroredStrategy); got batches "
                           "[60, 30]: use 2 equal batches such as [45, 45]"),
+    ({"overlap": "no"}, "overlap must be true or false; got overlap='no'"),
     ({"throttle": ((2, 100.0, 3),)}, "throttle device index must be 0..1 (2 devices); got 2"),
     ({"throttle": ((1, 100.0, 3),), "emulate": None}, "throttle changes an emulated device's rate: it needs "
                                                       "emulate=..."),

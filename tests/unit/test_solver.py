@@ -115,3 +115,26 @@ def test_step_model_rejects_nonsense():
         StepModel(0.0, 0.0)
     with pytest.raises(ValueError, match="fixed_s must be"):
         StepModel(-1.0, 0.001)
+
+
+def test_a_slowest_of_lines_model_splits_like_brute_force():
+    """A device whose step is the slowest of several bounds (its compute; a transfer that runs beside it:
+    tuner.linked_models' overlap): its time is the largest piece, its capacity the smallest, and the solver
+    finds what a search over every split finds, the global batch given or free (where the slope changes)."""
+    from harness.bench.tuning.solver import Slowest
+
+    link_bound = Slowest((StepModel(0.001, 1 / 1000), StepModel(0.030, 1 / 4000)))  # 30 ms of transfers per step
+    assert link_bound.seconds(20) == pytest.approx(0.035) and link_bound.seconds(100) == pytest.approx(0.101)
+    assert link_bound.capacity(0.035, 500) == 20 and link_bound.capacity(0.029, 500) == 0
+    assert link_bound.breakpoints(500) == (38, 39)  # 1 ms + b/1000 = 30 ms + b/4000 at b = 38.7
+    assert link_bound.peak_rate == 1000
+    models, ceilings = [StepModel(0.001, 1 / 1000), link_bound], [60, 60]
+    for global_batch in (10, 40, 70, 100):
+        split = solve_split(models, ceilings, global_batch)
+        assert split.step_seconds == pytest.approx(brute_force(models, ceilings, global_batch), rel=1e-9)
+    free = best_split(models, ceilings)
+    rates = {b: (b[0] + b[1]) / max(m.seconds(n) for m, n in zip(models, b))
+             for b in itertools.product(range(61), range(61)) if sum(b)}
+    assert free.samples_per_second == pytest.approx(max(rates.values()), rel=1e-9)
+    with pytest.raises(ValueError, match="at least one piece"):
+        Slowest(())

@@ -19,7 +19,7 @@ import gc
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,15 +78,19 @@ class DeviceProbe:
             raise RuntimeError(f"the probe of {self.device} was released: its model is gone, it cannot measure")
         return self._runner(batch, max_steps, min_seconds)
 
-    def release(self) -> None:
-        self._runner = None
-        gc.collect()
-
     def to_json(self) -> dict:
         return {"device": self.device, "ceiling": self.ceiling, "oom_at": self.oom_at, "stopped_by": self.stopped_by,
                 "oom_error": self.oom_error, "seconds": self.seconds, "points": [p.to_json() for p in self.points],
                 "weight_bytes": self.weight_bytes, "weight_tensors": self.weight_tensors,
                 "output_bytes_per_sample": self.output_bytes_per_sample}
+
+
+def release_probes(probes: Iterable[DeviceProbe]) -> None:
+    """Drops each probe's model, then one full garbage collection frees them all (Keras models are cycles): one
+    walk of every object (0.3 s after ``harness tune``'s profiling here), not one per probe."""
+    for probe in probes:
+        probe._runner = None
+    gc.collect()
 
 
 def probe_device(
@@ -167,6 +171,32 @@ def probe_device(
 _BUILDING = threading.Lock()
 
 
+def _stamps(model, times: list[float], max_steps: int, min_seconds: float):
+    """A callback of ``model``'s Keras appending each step's seconds to ``times`` (the first step ends the untimed
+    wait for its slice) until ``max_steps`` of them, or ``min_seconds`` together, then stopping the fit."""
+    from harness.compat import keras_module_of
+
+    class Stamps(keras_module_of(model).callbacks.Callback):  # type: ignore[misc]
+        last: float | None = None
+        started: float | None = None  # the end of the first (untimed) step: the timed steps' start
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()  # logs reached the host: the step's device work is done
+            if self.last is not None:
+                times.append(now - self.last)
+            else:
+                self.started = now
+                # What exists now (the traced step's graphs among it) is left out of the garbage collector's
+                # scans until the run ends: a full collection walking TensorFlow's graphs took seconds, and
+                # one inside the timed steps made them look slow (not late: a host pause outside the steps).
+                gc.freeze()
+            self.last = now
+            if len(times) >= max_steps or (times and sum(times) >= min_seconds):
+                self.model.stop_training = True
+
+    return Stamps()
+
+
 class _OutOfMemory(Exception):
     device_index: int | None = None  # set by the tuner's solo runs: which of its devices
 
@@ -177,6 +207,7 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
     import tensorflow as tf
 
     from harness.bench.runner import _oom_line
+    from harness.bench.workloads.tfdata import still_options
     from harness.parallel import parallelize
 
     with _BUILDING:  # the tuner profiles devices in threads: Keras' layer naming and seeding are process-wide
@@ -196,20 +227,29 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
         probe.output_bytes_per_sample = sum(np.asarray(t).nbytes for t in tf.nest.flatten(outputs)) / 2
 
     def run(batch: int, max_steps: int, min_seconds: float) -> Point:
-        """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed."""
+        """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed: steps
+        of ``fit``, as the parallel run takes them (each next slice copied while a step runs:
+        ``harness.parallel.staging``), one batch of the pool over and over."""
         index = np.arange(batch) % pool
         x, y = (tf.nest.map_structure(lambda a: tf.constant(a[index]), d) for d in (pool_x, pool_y))
         times: list[float] = []
         try:
             model.train_on_batch(x, y)
             began = time.perf_counter()
-            while len(times) < max_steps and (not times or sum(times) < min_seconds):
-                t0 = time.perf_counter()
-                model.train_on_batch(x, y)  # returns the loss on the host: the step's device work is done
-                times.append(time.perf_counter() - t0)
+            if max_steps:
+                # Batched after repeat: every batch full, its size unknown to the trace (one trace per model).
+                batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+                batches = batches.with_options(still_options(tf))  # freed fast (tfdata.still_options)
+                stamps = _stamps(model, times, max_steps, min_seconds)
+                model.fit(batches, steps_per_epoch=max_steps + 1, epochs=1, verbose=0, shuffle=False,
+                          callbacks=[stamps])
+                # The first step traced fit's train function (late, as any trace): not one of the timed steps
+                # whose lateness says the host is too slow for the emulated rate.
+                began = stamps.started or began
         except tf.errors.ResourceExhaustedError as err:
             raise _OutOfMemory(_oom_line(err)) from None
         finally:
+            gc.unfreeze()
             del x, y
         busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
         return Point(batch, True, statistics.median(times) if times else None, len(times),

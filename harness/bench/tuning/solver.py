@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from harness.errors import InvalidValue
 
-__all__ = ["StepModel", "Fit", "Split", "fit_step_model", "solve_split", "best_split", "predict"]
+__all__ = ["StepModel", "Slowest", "Fit", "Split", "fit_step_model", "solve_split", "best_split", "predict"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,48 @@ class StepModel:
     def to_json(self) -> dict:
         return {"fixed_ms": 1000 * self.fixed_s, "per_sample_us": 1e6 * self.per_sample_s,
                 "peak_samples_per_second": self.peak_rate}
+
+    def breakpoints(self, ceiling: int) -> tuple[int, ...]:
+        """Batches where the step's time changes slope (none: a line)."""
+        return ()
+
+
+@dataclass(frozen=True)
+class Slowest:
+    """Seconds per step of a device whose step ends with the last of several bounds, each a ``StepModel``:
+    ``t(b) = max_k pieces[k].seconds(b)`` (a step whose transfers run beside its compute: each transfer, and the
+    compute, bounds the step; ``harness.bench.tuning.tuner.linked_models``). Convex: the solver's search holds."""
+
+    pieces: tuple[StepModel, ...]
+
+    def __post_init__(self):
+        if not self.pieces:
+            raise InvalidValue("a Slowest step model needs at least one piece")
+
+    def seconds(self, batch: int) -> float:
+        return max(p.seconds(batch) for p in self.pieces) if batch > 0 else 0.0
+
+    def samples_per_second(self, batch: int) -> float:
+        return batch / self.seconds(batch) if batch > 0 else 0.0
+
+    def capacity(self, seconds: float, ceiling: int) -> int:
+        return min(p.capacity(seconds, ceiling) for p in self.pieces)
+
+    @property
+    def peak_rate(self) -> float:
+        return min(p.peak_rate for p in self.pieces)
+
+    def breakpoints(self, ceiling: int) -> tuple[int, ...]:
+        found = set()
+        for a in self.pieces:
+            for b in self.pieces:
+                if a.per_sample_s > b.per_sample_s:
+                    cross = (b.fixed_s - a.fixed_s) / (a.per_sample_s - b.per_sample_s)
+                    found |= {n for n in (math.floor(cross), math.ceil(cross)) if 1 <= n <= ceiling}
+        return tuple(sorted(found))
+
+    def to_json(self) -> dict:
+        return {"pieces": [p.to_json() for p in self.pieces], "peak_samples_per_second": self.peak_rate}
 
 
 @dataclass(frozen=True)
@@ -212,6 +254,7 @@ def best_split(models: Sequence[StepModel], ceilings: Sequence[int]) -> Split:
     """
     _check(models, ceilings)
     times = {m.seconds(c) for m, c in zip(models, ceilings)} | {m.seconds(1) for m in models}
+    times |= {m.seconds(b) for m, c in zip(models, ceilings) for b in m.breakpoints(c)}  # where a slope changes
     best = None
     for t in sorted(times):
         batches = [m.capacity(t, c) for m, c in zip(models, ceilings)]

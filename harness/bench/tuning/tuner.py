@@ -166,14 +166,18 @@ def each_device(work: Callable[[int], Any], count: int, concurrent: bool = True)
     """``[work(0), ..., work(count - 1)]``, the devices at once (a thread each) or one after another.
 
     Each device's work is its own (its own model on its own device), so they overlap as the devices of a
-    parallel step do: profiling n devices takes as long as the slowest, not their sum. The first
-    exception in device order is raised, after every device finished.
+    parallel step do: profiling n devices takes as long as the slowest, not their sum. At most one more
+    device than the host has cores works at once: beyond, the others' Python (tracing, the emulated devices'
+    ops) delays a device's steps (seven emulated devices on two cores: points three times off their curve).
+    The first exception in device order is raised, after every device finished.
     """
     if not concurrent or count < 2:
         return [work(i) for i in range(count)]
+    import os
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="harness-device") as pool:
+    at_once = min(count, (os.cpu_count() or 1) + 1)
+    with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix="harness-device") as pool:
         futures = [pool.submit(work, i) for i in range(count)]
         errors = [f.exception() for f in futures]
     for error in errors:
@@ -191,8 +195,8 @@ def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence
     model and device (``each_device``); each device's lines are said together when it is done.
 
     Returns:
-        ``([(DeviceProbe, Fit), ...], [device record, ...])``; call each probe's
-        ``release()`` when its model is no longer needed.
+        ``([(DeviceProbe, Fit), ...], [device record, ...])``; ``probe.release_probes`` frees the probes'
+        models when they are no longer needed.
 
     Raises:
         ValueError: a device runs out of memory at batch 1.
@@ -259,28 +263,49 @@ def _point_text(point) -> str:
            (f" -- HOST-BOUND (this host computes {point.host_rate:.0f})" if point.host_bound else "")
 
 
-def linked_models(probes, specs) -> tuple[list, list[dict | None]]:
-    """Each device's step model in the parallel run: its solo fit (which paid for its input slice over its link),
-    plus, on a device other than the first (the merge device), what crosses its emulated link each step: the
-    trained weights in, as many gradient bytes out (a transfer per tensor each way), its outputs per sample.
+def linked_models(probes, specs, overlap: bool = True) -> tuple[list, list[dict | None]]:
+    """Each device's step model in the parallel run: its solo fit (which paid for its input slices over its link as
+    the parallel run does: copied while the step before ran, ``harness.parallel.staging``), plus, on a device other
+    than the first (the merge device), what crosses its emulated link each step: the trained weights in, as many
+    gradient bytes out (a transfer per tensor each way), its outputs per sample.
+
+    With ``overlap`` those transfers run beside the compute as the emulated step runs them
+    (``EmulatedDevice.overlapped_seconds``): the step is the slowest of the compute (and the last tensor out),
+    the weights in before the forward pass ends, and everything out after it (a ``solver.Slowest``); without,
+    they add to the step.
 
     Returns:
         ``(models, links)``: ``links[i]`` is None without a link (real GPUs: their link is not measured), else
-        ``{"link", "exchange_ms", "per_sample_us"}``, the time added per step and per sample.
+        ``{"link", "exchange_ms", "per_sample_us", "overlap"}``: the exchange's time per step and per sample.
     """
-    from harness.bench.tuning.solver import StepModel
+    from harness.bench.tuning.solver import Slowest, StepModel
+    from harness.emulate import FORWARD_SHARE
 
     models, links = [], []
     for i, ((probe, fit), spec) in enumerate(zip(probes, specs)):
         link = getattr(spec, "link", None)
         if link is None or i == 0:
             models.append(fit.model)
-            links.append(None if link is None else {"link": link.to_json(), "exchange_ms": 0.0, "per_sample_us": 0.0})
+            links.append(None if link is None else {"link": link.to_json(), "exchange_ms": 0.0, "per_sample_us": 0.0,
+                                                    "overlap": overlap})
             continue
-        exchange = link.seconds(2 * probe.weight_bytes, 2 * probe.weight_tensors) + link.latency_us / 1e6
+        reads = link.seconds(probe.weight_bytes, probe.weight_tensors)
+        sends = link.seconds(probe.weight_bytes, probe.weight_tensors) + link.latency_us / 1e6  # gradients, outputs
         per_sample = probe.output_bytes_per_sample / (link.gb_per_s * 1e9)
-        models.append(StepModel(fit.model.fixed_s + exchange, fit.model.per_sample_s + per_sample))
-        links.append({"link": link.to_json(), "exchange_ms": 1000 * exchange, "per_sample_us": 1e6 * per_sample})
+        links.append({"link": link.to_json(), "exchange_ms": 1000 * (reads + sends), "per_sample_us": 1e6 * per_sample,
+                      "overlap": overlap})
+        compute = fit.model
+        if not overlap:
+            models.append(StepModel(compute.fixed_s + reads + sends, compute.per_sample_s + per_sample))
+            continue
+        last = link.seconds(probe.weight_bytes / max(1, probe.weight_tensors), 1)  # the last gradient out
+        backward = 1 - FORWARD_SHARE
+        models.append(Slowest((
+            StepModel(compute.fixed_s + last, compute.per_sample_s),
+            StepModel(reads + backward * compute.fixed_s + last, backward * compute.per_sample_s),
+            StepModel(FORWARD_SHARE * compute.fixed_s + sends, FORWARD_SHARE * compute.per_sample_s + per_sample),
+            StepModel(reads + sends, per_sample),
+        )))
     return models, links
 
 
@@ -311,8 +336,8 @@ def _choose(probes, global_batch, margin, record, specs=None):
 
 
 def _choice_text(choice: dict) -> str:
-    links = [f"device {i} +{entry['exchange_ms']:.2f} ms/step" for i, entry in enumerate(choice.get("links") or [])
-             if entry and entry["exchange_ms"]]
+    links = [f"device {i} {entry['exchange_ms']:.2f} ms/step" + (" beside its compute" if entry.get("overlap") else "")
+             for i, entry in enumerate(choice.get("links") or []) if entry and entry["exchange_ms"]]
     return (f"choice ({choice['mode']}): batches {choice['batches']} (global {choice['global_batch']}), predicted "
             f"{choice['samples_per_second']:.0f} samples/s; even split predicted "
             f"{choice['even']['samples_per_second']:.0f}"
@@ -321,16 +346,19 @@ def _choice_text(choice: dict) -> str:
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say,
             data=None):
+    from harness.bench.tuning.probe import release_probes
     from harness.bench.tuning.solver import predict
 
     ceilings = _memory_ceilings(probes, split.global_batch)
     say("verifying: each device alone at its batch")
-    tuned_solo = _solo(probes, split.batches, seconds, say)
+    alone_bound: list[dict] = []  # an emulated device host-bound alone: the efficiency divides by the host's speed
+    tuned_solo = _solo(probes, split.batches, seconds, say, specs=specs, bound=alone_bound)
     even, even_solo = _even_solo(probes, split, ceilings, seconds, say) if compare_even else (split.batches, None)
-    for probe, _ in probes:
-        probe.release()  # free the probe models before the parallel ones take the memory
+    release_probes(probe for probe, _ in probes)  # free the probe models before the parallel ones take the memory
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
                               split.samples_per_second, tuned_solo, data)}
+    if alone_bound:
+        out["tuned"]["host_bound"] = [*(out["tuned"]["host_bound"] or []), *alone_bound]
     if compare_even and tuple(even) == tuple(split.batches):
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
@@ -390,8 +418,11 @@ def _even_solo(probes, split, ceilings: list[int], seconds, say) -> tuple[tuple[
             ceilings[index] = known
 
 
-def _solo(probes, batches, seconds, say, concurrent: bool = True) -> list[float | None]:
-    """Each device's samples/s alone at its batch (each on its own model and device: at once, as profiling)."""
+def _solo(probes, batches, seconds, say, concurrent: bool = True, specs=None,
+          bound: list | None = None) -> list[float | None]:
+    """Each device's samples/s alone at its batch (each on its own model and device: at once, as profiling).
+    ``bound``: where an emulated device alone was host-bound, its entry is appended (``host_bound_entries``'
+    form): the efficiency would divide by this host's speed, not the emulated device's."""
     from harness.bench.tuning.probe import _OutOfMemory
 
     def alone(i: int) -> float | None:
@@ -403,6 +434,9 @@ def _solo(probes, batches, seconds, say, concurrent: bool = True) -> list[float 
         except _OutOfMemory as oom:
             oom.device_index = i  # which device: the caller may learn its ceiling
             raise
+        if point.host_bound and bound is not None and specs is not None and specs[i] is not None:
+            bound.append({"device": probe.device, "emulated_rate": specs[i].rate, "host_rate": point.host_rate,
+                          "late_share": point.late_steps / point.steps if point.steps else None, "alone": True})
         return batch / point.step_seconds
 
     rates = each_device(alone, len(probes), concurrent)

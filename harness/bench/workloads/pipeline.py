@@ -113,6 +113,8 @@ def make_dataset(
     delay_s = _positive_number("input_delay_ms", input_delay_ms, zero_ok=True) / 1000.0
     import tensorflow as tf
 
+    from harness.bench.workloads.tfdata import still_options
+
     dataset = workload.training_data(batch_size) if repeat and samples is None else None
     if dataset is None:  # a pool of synthetic samples
         samples = default_pool_size(workload, size, batch_size) if samples is None else \
@@ -121,7 +123,7 @@ def make_dataset(
         dataset = tf.data.Dataset.from_tensor_slices((x, y))
         if repeat:
             dataset = dataset.repeat()
-        dataset = dataset.batch(batch_size, drop_remainder=True)
+        dataset = dataset.batch(batch_size, drop_remainder=True).with_options(still_options(tf))
     if delay_s > 0:
         dataset = dataset.map(_delay_fn(tf, delay_s))
         # One batch at a time (see input_delay_ms): tf.data would otherwise parallelise a map of

@@ -86,7 +86,10 @@ def dataset(data: Callable[[int], Any], batch_size: int, where: str):
     rows = _rows(x)
     if rows < batch_size:
         raise InvalidValue(f"--data {where!r}: its arrays have {rows} rows, fewer than one batch of {batch_size}")
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch_size, drop_remainder=True)
+    from harness.bench.workloads.tfdata import still_options
+
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch_size, drop_remainder=True).with_options(
+        still_options(tf))  # harness' own pipeline around the user's arrays: freed fast
 
 
 def arrays(data: Callable[[int], Any], samples: int, where: str) -> tuple[Any, Any]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.bench.zoo import applications, keras_io
+from harness.bench.zoo import applications, keras_io, steps
 from harness.bench.zoo.entry import ZooEntry
 from harness.errors import InvalidValue, Unavailable
 
 __all__ = ["CATALOG", "NAMES", "GENERATIONS", "select", "keras_module"]
 
-CATALOG: tuple[ZooEntry, ...] = applications.ENTRIES + keras_io.ENTRIES
+CATALOG: tuple[ZooEntry, ...] = applications.ENTRIES + keras_io.ENTRIES + steps.ENTRIES
 NAMES: tuple[str, ...] = tuple(e.name for e in CATALOG)
 GENERATIONS = ("3", "2")
 

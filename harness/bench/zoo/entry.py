@@ -37,7 +37,8 @@ class ZooEntry:
         policy: ``"mixed_float16"``/``"mixed_bfloat16"`` while building, or None.
         keras2: also checked on Keras 2 (tf-keras).
         fast: in the fast subset (the default test suite).
-        must_refuse: ``parallelize`` must refuse it (a custom ``train_step``); training it is a FAIL.
+        validation: fit also evaluates the training data each epoch (``validation_data``): the ``val_`` losses and
+            metrics are compared too (a model's own ``test_step``).
     """
 
     name: str
@@ -55,7 +56,7 @@ class ZooEntry:
     policy: str | None = None
     keras2: bool = True
     fast: bool = False
-    must_refuse: bool = False
+    validation: bool = False
 
     def build(self, k):
         """A new, built model of Keras module ``k``, under the entry's dtype policy (then restored)."""

@@ -69,6 +69,11 @@ class Adapter:
         """The losses ``layer`` and its sublayers added in their last call (activity regularisers, ``add_loss``)."""
         raise NotImplementedError
 
+    def set_call_losses(self, model, total) -> None:
+        """Makes ``total`` the call-time losses ``model.losses`` reports, where its last call added any (a custom
+        step's split call: the towers' losses as the whole batch's, ``towers.Towers._split_call``)."""
+        raise NotImplementedError
+
     def weight_penalties(self, model) -> list:
         """Weight regularisation: a function of the weights only, counted once per step."""
         raise NotImplementedError
@@ -174,6 +179,16 @@ class Adapter:
         """Why ``optimizer`` cannot step a ``method`` model exactly, or None."""
         return None
 
+    def steps_per_execution(self, model) -> int:
+        """How many steps one call of ``model``'s train function runs (``compile(steps_per_execution=...)``)."""
+        return int(getattr(model, "steps_per_execution", 1) or 1)
+
+    def fit_step(self, model, data):
+        """One training step on ``data`` as ``fit``'s train function runs it (what it returns, and any
+        bookkeeping of Keras' own around ``train_step``): the step a staged train function calls
+        (``harness.parallel.staging``)."""
+        return model.train_step(data)
+
     def first_call_builds(self, model, train_function):
         """``train_function``, or one that first builds what Keras would build in its first trace."""
         return train_function
@@ -253,6 +268,14 @@ class Adapter:
     def local_variable(self, weight):
         """Outside replicas, the copy of a mirrored variable on the current device."""
         raise NotImplementedError
+
+    #: the step methods a model may define for itself (``harness.parallel.custom``)
+    STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss")
+
+    def own_steps(self, model) -> list[str]:
+        """The step methods (``STEP_METHODS``) ``model``'s class defines instead of its Keras' own."""
+        return [name for name in self.STEP_METHODS
+                if getattr(type(model), name, None) is not getattr(self.k.Model, name, None)]
 
     def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
         """``"name (why)"`` of what this generation cannot train exactly with ``method``: the

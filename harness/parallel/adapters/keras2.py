@@ -111,6 +111,16 @@ class Keras2Adapter(Adapter):
     def weight_penalties(self, model) -> list:
         return [loss() for layer in model._flatten_layers() for loss in layer._callable_losses]
 
+    def set_call_losses(self, model, total) -> None:
+        # Model.losses reads each layer's thread-local call-time losses where it has any, else the losses it
+        # was built with: the layers that had some keep a zero (their count stays), the model holds the total.
+        layers = [sub for sub in model._flatten_layers() if sub._eager_losses]
+        if not layers:
+            return
+        for sub in layers:
+            sub._thread_local._eager_losses = [tf.zeros_like(total)]
+        model._thread_local._eager_losses = [total]
+
     def loss(self, model, y, y_pred, sample_weight):
         container = model.compiled_loss
         if container is None:
@@ -139,13 +149,27 @@ class Keras2Adapter(Adapter):
             return
         container._total_loss_mean.update_state(add_all([compiled, extra]), sample_weight=n)
 
+    def steps_per_execution(self, model) -> int:
+        count = getattr(model, "_steps_per_execution", None)
+        if getattr(model, "autotune_steps_per_execution", False):
+            return 0  # tuned while it trains: not one step per call
+        return 1 if count is None else int(count.numpy().item())
+
+    def fit_step(self, model, data):
+        outputs = model.train_step(data)
+        # tf_keras' step function counts the step once its outputs exist (model._train_counter: fit's
+        # iterations, the callbacks' batch numbers).
+        with tf.control_dependencies([t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)][:1]):
+            model._train_counter.assign_add(1)
+        return outputs
+
     def first_call_builds(self, model, train_function):
         # tf_keras (2.13-2.21, TF 2.15's keras) builds the compiled metrics in the first trace; the
         # metric variables created there make TF trace the step twice (a stock tf_keras fit does
         # too). Built before that trace, from the iterator's element spec and the model's output
         # shapes (all that building reads), the step is traced once.
         metrics = model.compiled_metrics
-        if metrics is None or metrics._built:
+        if metrics is None or metrics._built or getattr(model, "own_steps", ()):  # its own steps: its own metrics
             return train_function
 
         def first_call(iterator):
@@ -242,8 +266,8 @@ class Keras2Adapter(Adapter):
 
     def unsupported(self, template, method: str, sync_batchnorm: bool) -> list[str]:
         found = super().unsupported(template, method, sync_batchnorm)
-        if not sync_batchnorm or method != "towers" or self.graph_of(template) is not None:
-            return found
+        if not sync_batchnorm or method != "towers" or self.graph_of(template) is not None or self.own_steps(template):
+            return found  # a model with its own steps: each model its step calls is checked when it is called
         if any(self.is_batchnorm(layer) for layer in self.sublayers(template)):
             found.append(f"{template.name} (a subclassed model with BatchNormalization: whole-batch statistics "
                          "need a Functional or Sequential model; or pass sync_batchnorm=False)")

@@ -106,6 +106,11 @@ class Keras3Adapter(Adapter):
     def weight_penalties(self, model) -> list:
         return model._get_regularization_losses()
 
+    def set_call_losses(self, model, total) -> None:
+        if self.call_losses(model):
+            model._clear_losses()  # every sublayer's, as a new call of the model would
+            model._losses.append(total)
+
     def loss(self, model, y, y_pred, sample_weight):
         compile_loss = model._compile_loss
         if compile_loss is None:
