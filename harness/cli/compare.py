@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -229,8 +230,10 @@ def _tuned_split(args, setup, size: str, batch: int, out) -> tuple[int, ...] | N
     out.say("\ntuned split: profiling each device alone (memory ceiling, step-time curve)")
     specs = setup.emulate or [None] * len(setup.devices)
     quiet = lambda text: None if text.startswith("    batch") else out.say(text)  # noqa: E731
+    # Grown up to the batch whatever a step takes (no step-time stop: the rows train this batch anyway), so a
+    # probe's ceiling is the batch or where its device ran out of memory, never a guess from a slow step.
     probes, records = profile_devices(workloads.get(args.model, args.data), size, setup.devices, specs, limit=batch,
-                                      seed=args.seed, on_event=quiet)
+                                      max_step_s=math.inf, seed=args.seed, on_event=quiet)
     release_probes(probe for probe, _ in probes)
     ceilings = [probe.ceiling for probe, _ in probes]
     out.record["tuning"] = {"devices": records, "usable_ceilings": usable_ceilings(ceilings, batch, TUNED_MARGIN),

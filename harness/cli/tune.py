@@ -170,6 +170,8 @@ def summary_text(result: dict) -> str:
     lines = [table]
     if verify.get("even", {}).get("note", "same global batch") != "same global batch":
         lines.append(f"even: {verify['even']['note']}")
+    if verify.get("keras", {}).get("note"):
+        lines.append(f"keras: {verify['keras']['note']}")
     if len(used) < len(choice["batches"]):
         left = [result["devices"][i]["device"] for i in range(len(choice["batches"])) if i not in used]
         lines.append(f"left out (too slow to be worth a sample): {', '.join(left)}")

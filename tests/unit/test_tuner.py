@@ -82,3 +82,34 @@ def test_each_device_works_at_once_keeps_the_order_and_raises_the_first_error():
         each_device(work, 3)
     assert sorted(finished) == [0, 1, 2]
     assert each_device(lambda i: i, 2, concurrent=False) == [0, 1]
+
+
+@pytest.mark.parametrize(("tuned", "stock"), [((481, 240), (360, 360)), ((480, 240), (360, 360))])
+def test_the_stock_baseline_runs_on_every_even_split_whatever_its_remainder(tuned, stock, monkeypatch):
+    """Keras' fit splits a global batch in equal parts: on an odd global batch (721 over two devices, what the
+    tuner chose beside two CPU hogs once) the even split is 361/360, and the stock row was left out without a
+    word; it now runs on 360/360 and says why."""
+    import harness.bench.tuning.probe
+    import harness.bench.tuning.solver
+    from harness.bench.tuning import tuner
+
+    ran = {}
+
+    def parallel(model, size, devices, specs, batches, method, *rest, **kw):
+        ran[method] = tuple(batches)
+        return {"batches": list(batches), "status": "complete", "host_bound": []}
+
+    split = _Split(tuned)
+    split.samples_per_second = 1.0
+    monkeypatch.setattr(tuner, "_parallel", parallel)
+    monkeypatch.setattr(tuner, "_solo", lambda probes, batches, *a, **k: [1.0] * len(batches))
+    monkeypatch.setattr(tuner, "_even_solo", lambda probes, split, ceilings, *a: (
+        tuple(b for b in ((split.global_batch + 1) // 2, split.global_batch // 2)), [1.0, 1.0]))
+    monkeypatch.setattr(harness.bench.tuning.probe, "release_probes", lambda probes: list(probes))
+    monkeypatch.setattr(harness.bench.tuning.solver, "predict",
+                        lambda models, batches: type("P", (), {"samples_per_second": 1.0})())
+    probes = [(_probe("/cpu:0", 900, "oom", 900, 4000.0), None), (_probe("/cpu:1", 900, "oom", 900, 2000.0), None)]
+    out = tuner._verify("m", "tiny", ("/cpu:0", "/cpu:1"), None, probes, split, None, "towers", 0.1, 1, True, 0,
+                        lambda line: None)
+    assert ran["keras"] == stock, ran
+    assert ("note" in out["keras"]) == (sum(tuned) % 2 == 1), out["keras"]

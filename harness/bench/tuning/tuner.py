@@ -368,9 +368,15 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
                                f"({ceilings}): the largest even split that fits")
-        if len(devices) > 1 and len(set(even)) == 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
-            out["keras"] = _parallel(model, size, devices, specs, even, "keras", seconds, windows, seed, say,
-                                     predict(models, even).samples_per_second, even_solo, data)
+        if len(devices) > 1:  # the stock baseline (Keras fit, MirroredStrategy) on it
+            # Keras splits a global batch into equal parts: one that does not divide loses its remainder here.
+            stock = (sum(even) // len(even),) * len(even)
+            out["keras"] = _parallel(model, size, devices, specs, stock, "keras", seconds, windows, seed, say,
+                                     predict(models, stock).samples_per_second,
+                                     even_solo if tuple(stock) == tuple(even) else None, data)
+            if tuple(stock) != tuple(even):
+                out["keras"]["note"] = (f"global batch {sum(stock)}: Keras' even split needs a multiple of "
+                                        f"{len(even)} devices ({sum(even)} less its remainder)")
     return out
 
 
