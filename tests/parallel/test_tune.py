@@ -97,13 +97,14 @@ def test_a_fast_card_on_a_slow_link_gets_less(tmp_path, emulation):
     # Measured beside whatever the other xdist worker runs then: the host's pauses outside the devices' steps (the
     # staging thread, fit's loop) slow the run without making a step late. Idle here within 2% of the prediction;
     # in the default suite 14% under it once (966 for 1120, at 6368d67); beside two CPU hogs 20.5% under (185 for
-    # 233: this card's step waits for its slice's copy, twice its compute, whose thread a busy host starts late),
-    # so within 30%.
+    # 233, at 951dfd7; this card's step waits for its slice's copy, twice its compute, on a thread of a busy host:
+    # the likely cause, not isolated), so within 30%.
     assert tuned["samples_per_second"] == pytest.approx(tuned["predicted_samples_per_second"], rel=0.3)
     # Of the devices' solo samples/s at their batches, each paying its own copies. The solo rates and the parallel
     # one are measured minutes apart: idle here 0.98 to 1.03 (predicted 1.00), 0.88 once in CI's suite at 9014a53.
-    # Within 0.15 of the prediction.
-    assert tuned["efficiency"] > choice["efficiency"] - 0.15, (tuned, choice)
+    # Beside two CPU hogs 0.82 for 1.00 (as above, at 951dfd7). Within 0.25 of the prediction:
+    # what a tuner that ignored the link would choose is the even split, which the ratio above rules out.
+    assert tuned["efficiency"] > choice["efficiency"] - 0.25, (tuned, choice)
 
 
 def test_tune_beyond_the_host_says_host_bound_and_recommends_nothing(tmp_path, emulation):
