@@ -217,11 +217,14 @@ class ParallelModel(ParallelCommon):
             return parallel()
         if not small_possible:
             n = slicing.batch_size_of(x)
-            tf.debugging.assert_greater_equal(
+            check = tf.debugging.assert_greater_equal(
                 n, len(self.devices), message=(
                     f"harness traced this fit's train step without the single-device path for batches smaller "
                     f"than the device count ({len(self.devices)}): fit's arrays had none, yet one arrived"))
-            return parallel()
+            # Every op of the step after the check: a batch that fails it changes no weight, optimizer slot or
+            # step count (without this, the optimizer's step count always moved and, once, the weights too).
+            with tf.control_dependencies([check] if check is not None else []):
+                return parallel()
 
         def carrying(branch):  # tf.cond returns new tensors: the masks and logits go through it too
             def run():
