@@ -71,7 +71,9 @@ def test_a_cluster_step_equals_the_single_device_step(workers, devices, args, tm
     for w, report in reports.items():
         assert len(report["local_devices"]) == counts[w] and all(f"task:{w}/" in d for d in report["local_devices"])
     assert chief["deviation"] <= 1e-6, chief
-    assert chief["loss"] == pytest.approx(chief["single_loss"], rel=1e-6, abs=1e-7)
+    # The epoch's loss, a mean of the steps' losses summed in another order: rel 1.33e-06 once (TF 2.15's Keras 2,
+    # bn 1:2 with sample weights, on an AMD EPYC host; weights within 1e-6), so 3e-6; a drift is orders above.
+    assert chief["loss"] == pytest.approx(chief["single_loss"], rel=3e-6, abs=1e-7)
     assert chief["evaluate"] == pytest.approx(chief["single_evaluate"], rel=1e-6)
     assert chief["predict_deviation"] <= 1e-5
     for report in reports.values():  # every worker reports the whole batch's loss and metrics

@@ -156,7 +156,7 @@ class Clipped(keras.Model):
             y_pred = self(x, training=True)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
         grads, _ = tf.clip_by_global_norm(tape.gradient(loss, self.trainable_variables), 1.0)
-        self.optimizer.apply(grads, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))  # Keras 3 and Keras 2
         for metric in self.metrics:
             metric.update_state(loss) if metric.name == "loss" else metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
