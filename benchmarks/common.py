@@ -11,6 +11,9 @@ The grid comes from one environment variable, ``HARNESS_BENCH_GRID``:
   at set speeds), a few minutes on 2 CPU cores. Figures are emulated.
 - ``smoke``: the ci parameters with the shortest timings and slower emulated
   devices; the CI test uses it to prove every benchmark runs. Its figures mean nothing.
+  ``HARNESS_BENCH_SMOKE_MAX_RATE`` (samples/s) slows its devices further where
+  the host is slow: each set of emulated devices (the grid's, the tuner's) keeps
+  its ratios with its fastest device at most that rate (``smoke_on_this_host``).
 - ``full``: the seed-sized workloads on the machine's real GPUs.
 
 What a combination runs (devices, profiles, split, ``RunConfig``) is ``harness.bench.gridrun``'s,
@@ -24,6 +27,7 @@ machine cannot run raises ``NotImplementedError`` in ``setup``: asv reports it a
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -33,10 +37,11 @@ from types import ModuleType
 
 from harness.bench.runner import METHODS as RUN_METHODS
 
-__all__ = ["GRID_VARIABLE", "METHODS", "SPLITS", "BenchGrid", "GRIDS", "current_grid", "check_combination",
-           "gridrun", "setup_profiles", "skip", "refuse_host_bound"]
+__all__ = ["GRID_VARIABLE", "SMOKE_MAX_RATE_VARIABLE", "METHODS", "SPLITS", "BenchGrid", "GRIDS", "current_grid",
+           "check_combination", "gridrun", "setup_profiles", "skip", "refuse_host_bound", "smoke_on_this_host"]
 
 GRID_VARIABLE = "HARNESS_BENCH_GRID"
+SMOKE_MAX_RATE_VARIABLE = "HARNESS_BENCH_SMOKE_MAX_RATE"
 METHODS = RUN_METHODS  # single, the parallel methods, keras (the stock baseline): harness.bench.runner.RunMethod
 SPLITS = ("even", "ratio", "tuned")
 LIBRARY = "harness.bench.gridrun"
@@ -189,7 +194,61 @@ def current_grid() -> BenchGrid:
     name = os.environ.get(GRID_VARIABLE, "ci").strip() or "ci"
     if name not in GRIDS:
         raise ValueError(f"{GRID_VARIABLE} must be one of {', '.join(GRIDS)}; got {name!r}")
-    return GRIDS[name]
+    text = os.environ.get(SMOKE_MAX_RATE_VARIABLE, "").strip()
+    if not text:
+        return GRIDS[name]
+    if name != "smoke":
+        raise ValueError(f"{SMOKE_MAX_RATE_VARIABLE} slows the smoke grid only (the {name} grid's figures keep their "
+                         f"history); got {SMOKE_MAX_RATE_VARIABLE}={text!r} with {GRID_VARIABLE}={name!r}")
+    try:
+        max_rate = float(text)
+    except ValueError:
+        max_rate = math.nan
+    if not max_rate > 0 or math.isinf(max_rate):
+        raise ValueError(f"{SMOKE_MAX_RATE_VARIABLE} must be a rate in samples/s above 0; got {text!r}")
+    return smoke_on_this_host(GRIDS[name], max_rate)
+
+
+def _slowed(spec: str, factor: float) -> str:
+    """``RATE[:MAXBATCH[:OVERHEAD_MS]][@LINK],...`` with every rate times ``factor`` (the rest as it was)."""
+    items = []
+    for item in spec.split(","):
+        body, at, link = item.partition("@")
+        rate, colon, rest = body.partition(":")
+        items.append(f"{float(rate) * factor:.6g}{colon}{rest}{at}{link}")
+    return ",".join(items)
+
+
+def _slowed_link(link: str, factor: float) -> str:
+    """A ``GB_PER_S[/LATENCY_US]`` link with its bandwidth times ``factor``; a preset's name as it is."""
+    bandwidth, slash, latency = link.partition("/")
+    try:
+        return f"{float(bandwidth) * factor:.6g}{slash}{latency}"
+    except ValueError:
+        return link
+
+
+def _fastest(spec: str) -> float:
+    return max(float(item.partition("@")[0].partition(":")[0]) for item in spec.split(","))
+
+
+def smoke_on_this_host(grid: BenchGrid, max_rate: float) -> BenchGrid:
+    """``grid`` with each set of emulated devices (``emulate``, ``tune_emulate``) slowed, ratios kept, until its
+    fastest device emulates at most ``max_rate`` samples/s; ``overlap_link`` slowed as ``emulate`` (a slice's copy
+    still costs about a step). A set already that slow is kept as it is.
+
+    An emulated figure is only the emulation's while the host computes each slice faster than the emulated device
+    (``harness.emulate``); a test on a slow or busy host passes the rate its calibration allows.
+    """
+    changes: dict[str, object] = {}
+    if grid.emulate is not None and _fastest(grid.emulate) > max_rate:
+        factor = max_rate / _fastest(grid.emulate)
+        changes["emulate"] = _slowed(grid.emulate, factor)
+        if grid.overlap_link is not None:
+            changes["overlap_link"] = _slowed_link(grid.overlap_link, factor)
+    if grid.tune_emulate is not None and _fastest(grid.tune_emulate) > max_rate:
+        changes["tune_emulate"] = _slowed(grid.tune_emulate, max_rate / _fastest(grid.tune_emulate))
+    return replace(grid, **changes)
 
 
 def check_combination(method: str, split: str, count: int) -> None:

@@ -6,7 +6,22 @@ generation an environment lacks with the reason. Tests that are Keras 3 only by 
 ``keras.config``, Keras 3 internals) take the ``keras3`` fixture below, which skips them where the
 ``keras`` package is Keras 2 (the matrix's ``tf215`` env); tests of Keras 2 behaviour alone take
 ``keras2``. Every module is collected in every env.
+
+Timing tests on emulated devices take their rates from the ``emulation``
+fixture: an emulated device is only an emulation while the host computes its
+slice faster than the emulated time (``harness.emulate``), so they take their
+rates from a calibration of this host, made once per test process while
+whatever else runs beside the suite runs: each test scales its nominal rates
+down, when needed, to a quarter of what the host sustained. Their assertions
+compare figures measured within one run, and each run must say it was not
+host-bound, so a machine too slow even for that fails with the reason.
 """
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 
 import pytest
 
@@ -27,3 +42,44 @@ def keras3():
     import keras
 
     return keras
+
+
+# A quarter of the calibrated rate: the load beside a test may grow after the calibration (another
+# xdist worker starting a TensorFlow process, two CPU hogs) and slow the host two- or threefold.
+SHARE = 0.25
+CALIBRATE = ["calibrate", "--model", "mnist_maxing", "--devices", "2", "--batch", "100", "--seconds", "0.3",
+             "--windows", "3", "--json", "--no-save"]
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """This host's calibration: the rate it computes two busy devices' slices of ``mnist_maxing`` tiny at."""
+
+    sustained: float  # samples/s per device, 100 samples per device per step, both devices at once
+    outside_ms: float  # the host's work per step outside the devices
+
+    @property
+    def max_rate(self) -> float:
+        """The fastest rate a test may emulate here: ``SHARE`` of the sustained rate."""
+        return SHARE * self.sustained
+
+    def factor(self, *rates: float) -> float:
+        """The scale (at most 1) that brings the fastest of ``rates`` to ``max_rate``."""
+        return min(1.0, self.max_rate / max(rates))
+
+    def scale(self, *rates: float) -> list[int]:
+        """``rates`` times ``factor(*rates)``, whole samples/s: their ratios kept, all well within the host."""
+        f = self.factor(*rates)
+        return [max(1, round(r * f)) for r in rates]
+
+
+@pytest.fixture(scope="session")
+def emulation() -> Emulation:
+    """``harness calibrate`` of this host, once per test process (xdist worker)."""
+    done = subprocess.run([sys.executable, "-m", "harness", *CALIBRATE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (entry,) = json.loads(done.stdout)["result"]["workloads"]
+    print(f"calibration: {entry['sustained_rate']:.0f} samples/s per device sustained, "
+          f"{entry['outside_ms']:.1f} ms per step outside the devices")
+    return Emulation(entry["sustained_rate"], entry["outside_ms"])

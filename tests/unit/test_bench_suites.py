@@ -72,6 +72,38 @@ def test_smoke_keeps_the_ci_parameters(common):
                                                  for d in parse_emulate(ci.emulate))
 
 
+def test_a_slow_host_slows_the_smoke_grid_and_nothing_else(common, monkeypatch):
+    # tests/ci/test_asv_suite.py passes the rate its calibration of the host allows: each set of emulated devices
+    # keeps its ratios, batches and overheads, its fastest device at that rate; the overlap's link slows alike.
+    from harness.emulate import parse_emulate, parse_link
+
+    smoke = common.GRIDS["smoke"]
+    monkeypatch.setenv(common.GRID_VARIABLE, "smoke")
+    monkeypatch.setenv(common.SMOKE_MAX_RATE_VARIABLE, "250")
+    slowed = common.current_grid()
+    for name in ("emulate", "tune_emulate"):
+        before, after = parse_emulate(getattr(smoke, name)), parse_emulate(getattr(slowed, name))
+        factor = 250 / max(d.rate for d in before)
+        assert [d.rate for d in after] == pytest.approx([d.rate * factor for d in before]), name
+        assert [(d.max_batch, d.overhead_ms) for d in after] == [(d.max_batch, d.overhead_ms) for d in before], name
+    factor = 250 / max(d.rate for d in parse_emulate(smoke.emulate))
+    assert parse_link(slowed.overlap_link).gb_per_s == pytest.approx(parse_link(smoke.overlap_link).gb_per_s * factor,
+                                                                 rel=1e-5)
+    assert (slowed.batch_per_device, slowed.seconds, slowed.tune_options) == (smoke.batch_per_device, smoke.seconds,
+                                                                               smoke.tune_options)
+    monkeypatch.setenv(common.SMOKE_MAX_RATE_VARIABLE, "100000")  # a fast host: the grid as it is
+    assert common.current_grid() == smoke
+    monkeypatch.setenv(common.SMOKE_MAX_RATE_VARIABLE, "250")
+    monkeypatch.setenv(common.GRID_VARIABLE, "ci")  # the ci grid's history must not move with the host
+    with pytest.raises(ValueError, match="slows the smoke grid only .*HARNESS_BENCH_GRID='ci'"):
+        common.current_grid()
+    monkeypatch.setenv(common.GRID_VARIABLE, "smoke")
+    for bad in ("fast", "0", "-250", "inf", "nan"):
+        monkeypatch.setenv(common.SMOKE_MAX_RATE_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"HARNESS_BENCH_SMOKE_MAX_RATE must be a rate .*got {bad!r}"):
+            common.current_grid()
+
+
 def test_host_bound_figures_are_skipped_with_the_reason(common, capsys):
     common.refuse_host_bound([], "towers with batches [60, 60]")  # nothing host-bound: nothing happens
     entry = {"device": "/device:CPU:0", "emulated_rate": 40000.0, "host_rate": 9000.0, "late_share": 1.0}
