@@ -83,7 +83,7 @@ def test_the_markers_ci_cannot_run_run_in_a_workflow(marker):
 
 
 @pytest.mark.parametrize(("old", "new", "found"), [
-    ("-m extended --run-extended", "-m slow", "'extended' tests"),
+    ('-m "extended and not timing" --run-extended', "-m slow", "'extended' tests"),
     (".venv/bin/pytest -n 2 --skip-report", ".venv/bin/pytest -n 4 --skip-report", "README's test command"),
     ('./scripts/check-skips "$skips/tf215.jsonl"', "true", "tf215.jsonl are not checked"),
     (".venv/bin/tox -e tf215", ".venv/bin/tox -e tf221", "no Keras 2 env"),

@@ -202,8 +202,10 @@ def test_the_stock_baseline_runs_across_two_workers_in_tf_keras(tmp_path, keras2
             assert device["rows_per_step"] == 30 and device["logged_steps"] == window["steps"], device
             assert device["source"] == "emulated"
         assert window["devices"][1]["busy_rate"] == pytest.approx(200, rel=0.1)
-        # the even split waits for the 200 samples/s device: 30 rows take it 150 ms, so at most 400 samples/s
-        assert window["samples_per_second"] == pytest.approx(60 / (30 / 200), rel=0.25)
+        # the even split waits for the 200 samples/s device: 30 rows take it 150 ms, so at most 400 samples/s; the
+        # host adds its collective and fit's work to each step (290 samples/s, 57 ms a step, in the extended phase
+        # on a slower 2-core host with another test beside it): below 400, never far above it
+        assert 0.6 * 400 < window["samples_per_second"] < 1.15 * 400, window
     assert [w["status"] for w in result["workers"]] == ["complete", "complete"]
     assert not result["summary"]["host_bound"], result["summary"]["host_bound"]
 
@@ -226,7 +228,7 @@ def test_compare_across_workers_puts_the_stock_baseline_beside_harness_splits(tm
     # Even, the slow device paces both (2 x 200 = 400 samples/s); 2:1 lets both run at their rate (600).
     # A busy host adds collective latency to each 0.6 s window (it failed once at rel=0.15 beside two
     # asv runs and a helper's training): below 400, never far above it.
-    assert 0.65 * 400 < sps["even keras"] < 1.15 * 400 and 0.65 * 400 < sps["even mirrored"] < 1.15 * 400
+    assert 0.6 * 400 < sps["even keras"] < 1.15 * 400 and 0.6 * 400 < sps["even mirrored"] < 1.15 * 400
     assert sps["ratio mirrored"] > 1.3 * sps["even keras"]
     assert [(e["row"], e["baseline"]) for e in record["versus_stock"]] == [("even mirrored", "even keras")]
     assert main(["compare", "--devices-per-worker", "2"]) == 2
