@@ -33,6 +33,40 @@ def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
     assert all(b <= ceiling for b in fits) and all(p["batch"] > ceiling for p in probe["points"] if not p["fits"])
 
 
+_TRACES = """
+import json, keras, harness
+from harness.bench import workloads
+from harness.emulate import EmulatedDevice
+from harness.bench.tuning.probe import probe_device
+CALLS = []  # the layer's Python call runs once per trace of a step (and when Keras builds the model)
+class Count(keras.layers.Layer):
+    def call(self, x):
+        CALLS.append(1)
+        return x
+def build():
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Count()(inputs)))
+    model.compile("sgd", "mse")
+    return model
+devices = harness.use_logical_devices(1, inter_op_threads=3)
+seen = []
+probe_device(workloads.get("__main__:build"), "tiny", devices[0], emulate=EmulatedDevice(20000.0, 300), start=16,
+             min_seconds=0.02, on_point=lambda device, point: seen.append((point.batch, point.fits, len(CALLS))))
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.extended
+def test_the_probe_traces_one_step_for_every_batch_size():
+    # Every size the probe tries (growth and bisection, timed or not) runs the one trace of fit's step made for the
+    # first: a train_on_batch step before each fit traced each new size again, on every device (seconds apiece on a
+    # 2-core host, before a single timed step). The planted defect (train_on_batch restored) adds traces at 32, 64.
+    seen = json.loads(run_python(_TRACES))
+    sizes = sorted({batch for batch, _, _ in seen})
+    assert len(sizes) >= 6 and any(not fits for _, fits, _ in seen), seen  # growth, out of memory, bisection
+    assert {calls for _, _, calls in seen} == {seen[0][2]}, seen
+
+
 @pytest.mark.timing
 @pytest.mark.usefixtures("keras3")
 def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):

@@ -1,7 +1,7 @@
 """Profiling one device alone: its memory ceiling and step times at several batch sizes.
 
-One model per device, built on that device, trained with ``train_on_batch`` on
-synthetic data of the workload. The batch grows by doubling until a step runs
+One model per device, built on that device, trained with ``fit`` on synthetic
+data of the workload. The batch grows by doubling until a step runs
 out of memory (or takes longer than ``max_step_s``, or reaches ``limit``), then
 the ceiling is bisected to within ``tolerance``. An out-of-memory step is caught
 and recorded; TensorFlow's allocator frees the failed step's tensors, so the
@@ -229,23 +229,23 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
     def run(batch: int, max_steps: int, min_seconds: float) -> Point:
         """One untimed step (tracing, allocation: enough to see an OOM), then ``max_steps`` at most, timed: steps
         of ``fit``, as the parallel run takes them (each next slice copied while a step runs:
-        ``harness.parallel.staging``), one batch of the pool over and over."""
+        ``harness.parallel.staging``), one batch of the pool over and over. Every batch size runs the one trace
+        of fit's train function (its batch dimension unknown): a ``train_on_batch`` step first cost a trace of its
+        own for each new size, on every device, before a single timed step (seconds per device here)."""
         index = np.arange(batch) % pool
         x, y = (tf.nest.map_structure(lambda a: tf.constant(a[index]), d) for d in (pool_x, pool_y))
         times: list[float] = []
+        began = time.perf_counter()
         try:
-            model.train_on_batch(x, y)
-            began = time.perf_counter()
-            if max_steps:
-                # Batched after repeat: every batch full, its size unknown to the trace (one trace per model).
-                batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
-                batches = batches.with_options(still_options(tf))  # freed fast (tfdata.still_options)
-                stamps = _stamps(model, times, max_steps, min_seconds)
-                model.fit(batches, steps_per_epoch=max_steps + 1, epochs=1, verbose=0, shuffle=False,
-                          callbacks=[stamps])
-                # The first step traced fit's train function (late, as any trace): not one of the timed steps
-                # whose lateness says the host is too slow for the emulated rate.
-                began = stamps.started or began
+            # Batched after repeat: every batch full, its size unknown to the trace (one trace per model).
+            batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
+            batches = batches.with_options(still_options(tf))  # freed fast (tfdata.still_options)
+            stamps = _stamps(model, times, max_steps, min_seconds)
+            model.fit(batches, steps_per_epoch=max_steps + 1, epochs=1, verbose=0, shuffle=False,
+                      callbacks=[stamps])
+            # The first step traced fit's train function (late, as any trace) or allocated for the new size: not
+            # one of the timed steps whose lateness says the host is too slow for the emulated rate.
+            began = stamps.started or began
         except tf.errors.ResourceExhaustedError as err:
             raise _OutOfMemory(_oom_line(err)) from None
         finally:
