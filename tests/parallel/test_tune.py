@@ -60,7 +60,7 @@ print(json.dumps(seen))
 def test_the_probe_traces_one_step_for_every_batch_size():
     # Every size the probe tries (growth and bisection, timed or not) runs the one trace of fit's step made for the
     # first: a train_on_batch step before each fit traced each new size again, on every device (seconds apiece on a
-    # 2-core host, before a single timed step). The planted defect (train_on_batch restored) adds traces at 32, 64.
+    # 2-core host, before a single timed step). The planted defect (train_on_batch restored) added one: {5, 6} for {5}.
     seen = json.loads(run_python(_TRACES))
     sizes = sorted({batch for batch, _, _ in seen})
     assert len(sizes) >= 6 and any(not fits for _, fits, _ in seen), seen  # growth, out of memory, bisection
