@@ -210,11 +210,17 @@ class ParallelModel(ParallelCommon):
         and TF kernels mishandle empty batches (CPU Conv2D returns a wrongly
         shaped tensor, its gradient then fails). Such a batch runs on the merge
         device alone: the single-device step itself, so exact by definition.
-        ``small_possible=False`` (a fit whose batches are all large enough):
-        ``parallel()`` alone, after asserting that the batch is.
+        Where the trace knows the batch size (``train_on_batch``, a dataset whose
+        batch dimension is fixed), the branch that size takes is traced alone:
+        TensorFlow traces again for another size. Elsewhere both are, in a
+        ``tf.cond``; ``small_possible=False`` (a fit whose batches are all large
+        enough): ``parallel()`` alone, after asserting that the batch is.
         """
         if len(self.devices) == 1:
             return parallel()
+        rows = slicing.static_batch_size_of(x)
+        if rows is not None:
+            return parallel() if rows >= len(self.devices) else single()
         if not small_possible:
             n = slicing.batch_size_of(x)
             check = tf.debugging.assert_greater_equal(

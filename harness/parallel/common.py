@@ -233,9 +233,10 @@ class ParallelCommon:
     # -- batches smaller than the device count ------------------------------------------------
     # Such a batch runs the single-device step (``base.ParallelModel._by_batch_size``): a tf.cond
     # branch traced and optimised with every train step, a fifth to a third of a short fit's
-    # time. A fit on arrays knows its batch sizes before it starts: where none is that small, its
-    # train step is traced without the branch (and asserts so at run time). Anywhere else
-    # (train_on_batch, datasets, generators) the branch is there.
+    # time. A trace that knows its batch size (train_on_batch, a dataset of fixed batches) takes
+    # the branch of that size alone. A fit on arrays knows its batch sizes before it starts: where
+    # none is that small, its train step is traced without the branch (and asserts so at run time).
+    # Anywhere else (datasets and generators of varying batches) the branch is there.
     _small_batches_possible = True  # read when the train step is traced
     _traced_small: bool | None = None  # what the current train_function was traced for
 

@@ -27,6 +27,16 @@ def batch_size_of(x) -> tf.Tensor:
     return tf.shape(first, out_type=tf.int32)[0]
 
 
+def static_batch_size_of(x) -> int | None:
+    """The batch size of the first tensor in ``x`` where its shape fixes it (a trace for that size only), else
+    None."""
+    first = next(t for t in tf.nest.flatten(x) if t is not None)
+    shape = getattr(first, "shape", None)
+    if shape is None or shape.rank is None or shape.rank == 0:
+        return None
+    return tf.compat.dimension_value(shape[0])
+
+
 def smallest_fit_batch(x, batch_size=None, validation_split=0.0, steps_per_epoch=None) -> int | None:
     """The smallest training batch ``fit(x, batch_size=..., validation_split=...)`` will cut, or None.
 

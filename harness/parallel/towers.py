@@ -175,11 +175,7 @@ class Towers(ParallelModel):
 
         self._in_tower = True
         try:
-            rows = tf.nest.flatten(x)[0].shape[0] if tf.nest.flatten(x) else None
-            if rows is not None and rows < len(self.devices):
-                y, extra = single()
-            else:
-                y, extra = self._by_batch_size(x, towers, single, small_possible=rows is None)
+            y, extra = self._by_batch_size(x, towers, single)  # a known batch size: its branch alone
         finally:
             self._in_tower = False
         a.set_call_losses(model, extra)

@@ -105,6 +105,37 @@ def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays_or_fixed_batches()
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_a_step_traced_for_one_batch_size_traces_that_sizes_path_alone(logical_devices, any_keras, method):
+    # train_on_batch traces for its batch's size: a batch that fills the devices traces the parallel step
+    # without the single-device branch (a trace of the whole step again, in a tf.cond), one smaller than the
+    # device count the single-device step alone. Both stay exact.
+    k = any_keras
+    x, y, _ = small.make_data("dense", 7)
+    reference = small.build("dense", keras=k)
+    template = small.build("dense", keras=k)
+    template.set_weights(reference.get_weights())
+    parallel = harness.parallelize(template, logical_devices[:3], ratios=[3, 2, 1], method=method)
+    traced = {"single": 0, "parallel": 0}
+    for name in traced:
+        step = getattr(parallel, f"_{name}_train")
+        setattr(parallel, f"_{name}_train", lambda *args, step=step, name=name: traced.update(
+            {name: traced[name] + 1}) or step(*args))
+    for model in (reference, parallel):
+        model.compile(optimizer=k.optimizers.SGD(0.05), loss=small.loss(k))
+
+    def trained(rows):
+        for model in (reference, parallel):
+            model.train_on_batch(x[rows], y[rows])
+        parallel.sync_to_template()
+        return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.get_weights(), template.get_weights()))
+
+    assert trained(slice(0, 5)) <= 1e-6
+    assert traced == {"single": 0, "parallel": 1}
+    assert trained(slice(5, 7)) <= 1e-6  # 2 rows on 3 devices
+    assert traced["single"] >= 1 and trained(slice(0, 5)) <= 1e-6
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logical_devices, any_keras, method):
     # A fit whose batches all fill the devices traces its step without the single-device branch;
     # a later train_on_batch of one sample gets it back, and stays exact.
@@ -138,15 +169,20 @@ def test_a_small_batch_where_fit_promised_none_is_an_error_not_drift(logical_dev
     # The guard of the branch-free step: were a fit's batch sizes mispredicted, the step stops, and changes
     # nothing: not the weights, not the optimizer's step count (which moved on every such step, and the weights
     # once in CI at e737d0d, while the check ran beside the step instead of before it).
+    # A trace that knows its batch size takes that size's branch alone: the first step (2 rows) is traced for 2;
+    # the second, of 1 row, makes TensorFlow trace again for any batch size, where the guard applies.
     k = any_keras
-    x, y, _ = small.make_data("dense", 1)
+    x, y, _ = small.make_data("dense", 3)
     parallel = harness.parallelize(small.build("dense", keras=k), logical_devices[:2], method=method)
     parallel.compile(optimizer=k.optimizers.SGD(0.1, momentum=0.9), loss=small.loss(k))
     parallel.build_optimizer()
+    parallel._small_batches_possible = False  # what fit sets when its arrays promise no small batch
+    parallel.train_on_batch(x[:2], y[:2])
+    parallel.sync_to_template()
     before = parallel.template.get_weights()
     state = [np.array(v) for v in parallel.optimizer.variables]
-    parallel._small_batches_possible = False  # what fit sets when its arrays promise no small batch
     with pytest.raises(Exception, match=r"without the single-device path .* device count \(2\)"):
-        parallel.train_on_batch(x, y)
+        parallel.train_on_batch(x[2:], y[2:])
+    parallel.sync_to_template()
     assert all(np.array_equal(a, b) for a, b in zip(before, parallel.template.get_weights()))
     assert len(state) > 1 and all(np.array_equal(a, np.array(v)) for a, v in zip(state, parallel.optimizer.variables))
