@@ -10,9 +10,20 @@ On the ci grid the devices are emulated: every figure is an emulated figure,
 and a combination whose emulated devices this host could not slow down to
 their rates (host-bound: the figure would be this CPU's speed) is skipped
 with the reason on stderr instead of being recorded.
+
+Where the devices are emulated, the ``run_one`` benchmarks (``Throughput``,
+``VersusStock``, ``Overlap``) run every combination once, in one TensorFlow
+process (``setup_cache``: ``run_every_combination``), and read their figures
+from it: an emulated device's figure does not depend on what ran before it in
+the process, and a process per combination spent most of its time importing
+TensorFlow. On real GPUs each combination keeps its own process (a process
+keeps the GPU memory pool its earlier runs left). The step and memory
+benchmarks keep their own processes everywhere: their figures are a process'.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from . import common
 
@@ -23,6 +34,83 @@ PARAM_NAMES = ["workload", "method", "split", "devices"]
 # widest case (the even split of the most devices, and one device), one TensorFlow process each.
 STEP_PARAMS = PARAMS if GRID.emulate is None else [
     list(GRID.workloads), list(common.METHODS), ["even"], sorted({1, max(GRID.device_counts)})]
+
+
+def _key(*combination) -> str:
+    return "/".join(str(part) for part in combination)
+
+
+def _runs_in_order():
+    """Every ``run_one`` the emulated grid's benchmarks read, as ``(key, what, make_configs)``: for each device
+    count, the even split's runs first, the stock baseline between harness' two methods (``VersusStock`` compares
+    each with it: measured next to each other), then the other splits, then the overlap's pair."""
+    workloads, methods, splits, counts = PARAMS
+    for workload, count in itertools.product(workloads, counts):
+        evens = [m for m in ("single", "towers", "keras", "mirrored") if m in methods]
+        for method, split in [(m, "even") for m in evens] + [(m, s) for s in splits if s != "even" for m in methods]:
+            yield _key(workload, method, split, count), "run", (method, split, count)
+    for workload, method, count in itertools.product(*Overlap.params):
+        yield _key("overlap", workload, method, count), "overlap", (method, count)
+
+
+def run_every_combination() -> dict:
+    """asv ``setup_cache`` on emulated grids: ``{"profiles": setup_profiles(), "runs": {key: run_one's result |
+    [with, without] (the overlap) | {"skip": why} | {"error": why, "traceback": ...}}}``.
+
+    Meaningless combinations and ones this machine cannot run are recorded as skipped; a run that raises is
+    recorded as an error (its benchmarks fail in ``setup``), and the other combinations still run.
+    """
+    import gc
+    import sys
+    import traceback
+
+    grid = common.current_grid()
+    gridrun = common.gridrun()
+    profiles = common.setup_profiles()
+    runs: dict[str, object] = {}
+    for key, kind, args in _runs_in_order():
+        try:
+            if kind == "run":
+                method, split, count = args
+                common.check_combination(method, split, count)
+                configs = [gridrun.run_config(grid, profiles, key.split("/")[0], method, split, count)]
+            else:
+                configs = list(gridrun.overlap_configs(grid, profiles, key.split("/")[1], *args))
+        except NotImplementedError as err:
+            runs[key] = {"skip": str(err)}
+            continue
+        print(f"harness benchmark: running {key}", file=sys.stderr, flush=True)
+        try:
+            results = [gridrun.run(config) for config in configs]
+            runs[key] = results[0] if kind == "run" else results
+        except Exception as err:  # noqa: BLE001  # one failing combination must not take the others' figures along
+            runs[key] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        gc.collect()
+    return {"profiles": profiles, "runs": runs}
+
+
+run_every_combination.timeout = 900.0  # type: ignore[attr-defined]  # asv reads it: ~20 runs of seconds each
+
+
+def _cached(cache, key: str):
+    """The cache's entry for ``key`` (``run_every_combination``): a skip raises ``NotImplementedError`` (asv:
+    skipped), an error ``RuntimeError`` with the run's traceback."""
+    entry = cache["runs"][key]
+    if isinstance(entry, dict) and "skip" in entry:
+        raise NotImplementedError(entry["skip"])
+    if isinstance(entry, dict) and "error" in entry:
+        raise RuntimeError(f"{key}: {entry['error']}\n{entry['traceback']}")
+    return entry
+
+
+def _profiles(cache) -> dict:
+    """The device profiles in either ``setup_cache``'s value: ``run_every_combination``'s or ``setup_profiles``'."""
+    return cache["profiles"] if _EMULATED else cache
+
+
+_EMULATED = GRID.emulate is not None
+# One process for every run_one benchmark where the devices are emulated; elsewhere the shared profiling.
+_RUNS_CACHE = staticmethod(run_every_combination if _EMULATED else common.setup_profiles)
 
 
 class _Combinations:
@@ -38,12 +126,17 @@ class _Combinations:
 class Throughput(_Combinations):
     """Samples/s of ``harness run`` for each combination."""
 
-    def setup(self, profiles, workload, method, split, devices):
-        common.check_combination(method, split, devices)
-        self.config = common.gridrun().run_config(GRID, profiles, workload, method, split, devices)
+    setup_cache = _RUNS_CACHE
 
-    def track_samples_per_second(self, profiles, workload, method, split, devices):
-        return _samples_per_second(self.config)
+    def setup(self, cache, workload, method, split, devices):
+        common.check_combination(method, split, devices)
+        if _EMULATED:
+            self.result = _cached(cache, _key(workload, method, split, devices))
+        else:
+            self.result = common.gridrun().run_config(GRID, cache, workload, method, split, devices)
+
+    def track_samples_per_second(self, cache, workload, method, split, devices):
+        return _samples_per_second(self.result)
 
     track_samples_per_second.unit = "samples/s"
 
@@ -140,15 +233,18 @@ class VersusStock:
     params = [list(GRID.workloads), ["single", "towers", "mirrored"], STEP_PARAMS[3]]
     param_names = ["workload", "method", "devices"]
     timeout = GRID.timeout
-    setup_cache = staticmethod(common.setup_profiles)
+    setup_cache = _RUNS_CACHE
 
-    def setup(self, profiles, workload, method, devices):
+    def setup(self, cache, workload, method, devices):
         common.check_combination(method, "even", devices)  # keras on the even split always is one
-        gridrun = common.gridrun()
-        self.ours = gridrun.run_config(GRID, profiles, workload, method, "even", devices)
-        self.stock = gridrun.run_config(GRID, profiles, workload, "keras", "even", devices)
+        if _EMULATED:
+            self.ours, self.stock = (_cached(cache, _key(workload, m, "even", devices)) for m in (method, "keras"))
+        else:
+            gridrun = common.gridrun()
+            self.ours = gridrun.run_config(GRID, cache, workload, method, "even", devices)
+            self.stock = gridrun.run_config(GRID, cache, workload, "keras", "even", devices)
 
-    def track_ratio_to_stock(self, profiles, workload, method, devices):
+    def track_ratio_to_stock(self, cache, workload, method, devices):
         return _samples_per_second(self.ours) / _samples_per_second(self.stock)
 
     track_ratio_to_stock.unit = "harness/stock"
@@ -168,25 +264,30 @@ class Overlap:
     params = [list(GRID.workloads), ["towers"] if GRID.emulate else ["towers", "mirrored"], [max(GRID.device_counts)]]
     param_names = ["workload", "method", "devices"]
     timeout = GRID.timeout
-    setup_cache = staticmethod(common.setup_profiles)
+    setup_cache = _RUNS_CACHE
 
-    def setup(self, profiles, workload, method, devices):
-        self.configs = common.gridrun().overlap_configs(GRID, profiles, workload, method, devices)
+    def setup(self, cache, workload, method, devices):
+        if _EMULATED:
+            self.configs = _cached(cache, _key("overlap", workload, method, devices))
+        else:
+            self.configs = common.gridrun().overlap_configs(GRID, cache, workload, method, devices)
 
-    def track_overlap_gain(self, profiles, workload, method, devices):
+    def track_overlap_gain(self, cache, workload, method, devices):
         staged, unstaged = (_samples_per_second(config) for config in self.configs)
         return staged / unstaged
 
     track_overlap_gain.unit = "with/without"
 
 
-def _samples_per_second(config) -> float:
-    """The median window's samples/s of ``harness run`` with ``config``; a run that did not complete raises, a
-    host-bound one is skipped (its figure is this CPU's, not the emulation's)."""
+def _samples_per_second(run) -> float:
+    """The median window's samples/s of ``harness run``: ``run`` is its ``RunConfig`` (run now) or its result (the
+    cache's); a run that did not complete raises, a host-bound one is skipped (its figure is this CPU's, not the
+    emulation's)."""
     from harness.bench.runner import host_bound
 
-    result = common.gridrun().run(config)
-    what = f"{config.method} with batches {list(config.batches)}"
+    result = run if isinstance(run, dict) else common.gridrun().run(run)
+    config = result["config"]
+    what = f"{config['method']} with batches {list(config['batches'])}"
     if result["status"] != "complete":
         raise RuntimeError(f"{what}: {result['status']}: {result['error']}")
     common.refuse_host_bound(host_bound(result), what)  # not an emulated figure: skipped, not recorded
