@@ -44,8 +44,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from harness.errors import InvalidValue
 
 __all__ = ["EmulatedDevice", "Link", "LINKS", "parse_link", "Emulator", "parse_emulate", "BusyTime", "Event",
@@ -399,6 +397,7 @@ class Emulator:
         it reads from another device (the weights). ``overlap``: the reads and what the step sends run beside
         its compute (``finish``); else each waits for the other.
         """
+        import numpy as np  # here, not at the top: the asv suites' discovery imports this module
         import tensorflow as tf
 
         if device not in self.logged:
@@ -450,6 +449,7 @@ class Emulator:
         what the step moves out over the device's link after computing (its
         gradients), as well as what the token says it sends (``Token.sending``).
         """
+        import numpy as np
         import tensorflow as tf
 
         if sent is not None:
@@ -499,6 +499,7 @@ class Emulator:
         Logged as a copy (``Event.copy``): its bytes count as the device's moved bytes, its time not as busy
         time. A device without a link, or not emulated, copies for free.
         """
+        import numpy as np
         import tensorflow as tf
 
         spec = self.devices.get(device)
