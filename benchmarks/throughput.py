@@ -54,8 +54,8 @@ def _runs_in_order():
 
 
 def run_every_combination() -> dict:
-    """asv ``setup_cache`` on emulated grids: ``{"profiles": setup_profiles(), "runs": {key: run_one's result |
-    [with, without] (the overlap) | {"skip": why} | {"error": why, "traceback": ...}}}``.
+    """asv ``setup_cache`` on emulated grids: ``{"profiles": setup_profiles(), "runs": {key: {"result": run_one's
+    result, or the overlap's [with, without]} | {"skip": why} | {"raised": why, "traceback": ...}}}``.
 
     Meaningless combinations and ones this machine cannot run are recorded as skipped; a run that raises is
     recorded as an error (its benchmarks fail in ``setup``), and the other combinations still run.
@@ -82,9 +82,9 @@ def run_every_combination() -> dict:
         print(f"harness benchmark: running {key}", file=sys.stderr, flush=True)
         try:
             results = [gridrun.run(config) for config in configs]
-            runs[key] = results[0] if kind == "run" else results
+            runs[key] = {"result": results[0] if kind == "run" else results}
         except Exception as err:  # noqa: BLE001  # one failing combination must not take the others' figures along
-            runs[key] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+            runs[key] = {"raised": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         gc.collect()
     return {"profiles": profiles, "runs": runs}
 
@@ -93,14 +93,15 @@ run_every_combination.timeout = 900.0  # type: ignore[attr-defined]  # asv reads
 
 
 def _cached(cache, key: str):
-    """The cache's entry for ``key`` (``run_every_combination``): a skip raises ``NotImplementedError`` (asv:
-    skipped), an error ``RuntimeError`` with the run's traceback."""
+    """The cache's result for ``key`` (``run_every_combination``): a skip raises ``NotImplementedError`` (asv:
+    skipped), a run that raised ``RuntimeError`` with its traceback. (A run that did not complete is a result:
+    ``_samples_per_second`` raises on it.)"""
     entry = cache["runs"][key]
-    if isinstance(entry, dict) and "skip" in entry:
+    if "skip" in entry:
         raise NotImplementedError(entry["skip"])
-    if isinstance(entry, dict) and "error" in entry:
-        raise RuntimeError(f"{key}: {entry['error']}\n{entry['traceback']}")
-    return entry
+    if "raised" in entry:
+        raise RuntimeError(f"{key}: {entry['raised']}\n{entry['traceback']}")
+    return entry["result"]
 
 
 def _profiles(cache) -> dict:

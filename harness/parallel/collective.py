@@ -30,6 +30,9 @@ AllReduce = Callable[[list[tf.Tensor]], tf.Tensor]
 # size 3"). harness' strategies take keys from far above any stock strategy's.
 HARNESS_KEY_BASE = 1 << 28  # group keys are int32; stock ones stay in the low hundreds
 KEYS_PER_STRATEGY = 1 << 16
+# The stock baseline's strategies (``stock_strategy_for``): stock MirroredStrategies keyed apart from each other,
+# from harness' and from a user's own (which start at 1).
+STOCK_KEY_BASE = 1 << 24
 
 
 class _KeyedMirroredStrategy(tf.distribute.MirroredStrategy):
@@ -116,10 +119,13 @@ MULTIWORKER_SLOT = 1 << 9  # strategy_for's sets take slots 0, 1, 2, ...; the cl
 def stock_strategy_for(devices: tuple[str, ...]) -> tf.distribute.MirroredStrategy:
     """A stock ``MirroredStrategy`` over ``devices`` (the baseline harness measures against), one per device set.
 
-    Stock strategies key their collectives from 1 whatever their devices: two of them in one
-    process collide with each other (not with harness' ``strategy_for``), hence one kept per set.
+    Stock strategies key their collectives from 1 whatever their devices: two of them over different device
+    sets in one process abort each other ("joining a group with size 3, but that group has size 2"), as would a
+    user's own. Each set's strategy here is TensorFlow's ``MirroredStrategy`` with its own key range, below
+    harness' (``strategy_for``); nothing else differs.
     """
-    return tf.distribute.MirroredStrategy(list(devices))
+    index = stock_strategy_for.cache_info().currsize
+    return _KeyedMirroredStrategy(list(devices), key_base=STOCK_KEY_BASE + KEYS_PER_STRATEGY * index)
 
 
 def replica_device(devices, ctx) -> str:

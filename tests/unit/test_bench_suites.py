@@ -207,3 +207,48 @@ def test_asv_config_pins_tensorflow_and_keeps_output_in_dot_asv():
     assert conf["launch_method"] == "spawn" and conf["benchmark_dir"] == "benchmarks"
     assert all(conf[key].startswith(".asv/") for key in ("results_dir", "html_dir", "env_dir"))
     assert ".asv/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_one_process_runs_every_combination_and_keeps_each_ones_outcome(common, monkeypatch):
+    # The emulated grid's run_one benchmarks read their figures from one setup_cache: a run's result (whose own
+    # "error" is None when it completed), a meaningless combination's skip, a raising run's error with its
+    # traceback, each where it belongs; one raising run does not take the others along. The runs themselves
+    # stand in here (tests/ci/test_asv_suite.py runs the real ones).
+    monkeypatch.setenv(common.GRID_VARIABLE, "ci")
+    from benchmarks import throughput
+
+    class Runs:
+        def run_config(self, grid, profiles, workload, method, split, count):
+            return (method, split, count)
+
+        def overlap_configs(self, grid, profiles, workload, method, count):
+            return ("staged", method, count), ("unstaged", method, count)
+
+        def run(self, config):
+            if config == ("mirrored", "ratio", 2):
+                raise ValueError("planted")
+            return {"config": {"method": config[0], "batches": [1]}, "status": "complete", "error": None,
+                    "summary": {"samples_per_second": {"median": 100.0 * config[-1]}}}
+
+    monkeypatch.setattr(common, "gridrun", Runs)
+    monkeypatch.setattr(common, "setup_profiles", lambda: {"profiles": "of the grid"})
+    monkeypatch.setattr(common, "refuse_host_bound", lambda entries, what: None)
+    cache = throughput.run_every_combination()
+    assert cache["profiles"] == {"profiles": "of the grid"}
+    bench = throughput.Throughput()
+    bench.setup(cache, "mnist_maxing", "towers", "tuned", 3)
+    assert bench.track_samples_per_second(cache, "mnist_maxing", "towers", "tuned", 3) == 300.0
+    with pytest.raises(NotImplementedError, match="method 'single' runs on one device"):
+        bench.setup(cache, "mnist_maxing", "single", "even", 2)
+    with pytest.raises(RuntimeError, match=r"mnist_maxing/mirrored/ratio/2: ValueError: planted\n.*Traceback"):
+        bench.setup(cache, "mnist_maxing", "mirrored", "ratio", 2)
+    bench.setup(cache, "mnist_maxing", "mirrored", "ratio", 3)  # the run after the raising one still ran
+    versus = throughput.VersusStock()
+    versus.setup(cache, "mnist_maxing", "mirrored", 3)
+    assert versus.track_ratio_to_stock(cache, "mnist_maxing", "mirrored", 3) == 1.0
+    overlap = throughput.Overlap()
+    overlap.setup(cache, "mnist_maxing", "towers", 3)
+    assert overlap.track_overlap_gain(cache, "mnist_maxing", "towers", 3) == 1.0
+    order = list(cache["runs"])  # the stock baseline between harness' two methods on the same devices
+    assert order.index("mnist_maxing/keras/even/3") == order.index("mnist_maxing/towers/even/3") + 1
+    assert order.index("mnist_maxing/mirrored/even/3") == order.index("mnist_maxing/keras/even/3") + 1
