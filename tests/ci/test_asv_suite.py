@@ -5,7 +5,8 @@ timings; ``--bench`` regexes pick parameter combinations (asv matches them
 against ``name(param, ...)``). The config is a copy of ``asv.conf.json`` whose
 output folders live in the test's temporary folder, where the results are saved
 and read back: a benchmark ran when asv saved a number for it.
-Under a minute on 2 CPU cores: one TensorFlow process per combination.
+A few minutes on 2 CPU cores: the throughput and fidelity suites run every combination of the smoke grid in
+one TensorFlow process (their setup_cache), whichever are selected; the step and memory benchmarks one each.
 """
 
 from __future__ import annotations

@@ -104,50 +104,13 @@ def test_the_smallest_batch_is_unknown_unless_fit_gets_arrays_or_fixed_batches()
     assert smallest_fit_batch(None, 10) is None
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_a_step_traced_for_one_batch_size_traces_that_sizes_path_alone(logical_devices, any_keras, method):
-    # train_on_batch traces for its batch's size: a batch that fills the devices traces the parallel step
-    # without the single-device branch (a trace of the whole step again, in a tf.cond), one smaller than the
-    # device count the single-device step alone. Both stay exact.
-    k = any_keras
-    x, y, _ = small.make_data("dense", 7)
+def _trainer(k, devices, ratios, method):
+    """``(parallel, trained)``: harness' model of a dense model and ``trained(steps)``, which runs ``steps(model)``
+    on it and on a single-device copy from the same weights, then returns their largest weight difference."""
     reference = small.build("dense", keras=k)
     template = small.build("dense", keras=k)
     template.set_weights(reference.get_weights())
-    parallel = harness.parallelize(template, logical_devices[:3], ratios=[3, 2, 1], method=method)
-    traced = {"single": 0, "parallel": 0}
-    for name in traced:
-        step = getattr(parallel, f"_{name}_train")
-        setattr(parallel, f"_{name}_train", lambda *args, step=step, name=name: traced.update(
-            {name: traced[name] + 1}) or step(*args))
-    for model in (reference, parallel):
-        model.compile(optimizer=k.optimizers.SGD(0.05), loss=small.loss(k))
-
-    def trained(rows):
-        for model in (reference, parallel):
-            model.train_on_batch(x[rows], y[rows])
-        parallel.sync_to_template()
-        return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.get_weights(), template.get_weights()))
-
-    assert trained(slice(0, 5)) <= 1e-6
-    assert traced == {"single": 0, "parallel": 1}
-    assert trained(slice(5, 7)) <= 1e-6  # 2 rows on 3 devices
-    assert traced["single"] >= 1 and trained(slice(0, 5)) <= 1e-6
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logical_devices, any_keras, method):
-    # A fit whose batches all fill the devices traces its step without the single-device branch;
-    # a later train_on_batch of one sample gets it back, and stays exact.
-    k = any_keras
-    x, y, _ = small.make_data("dense", 46)
-    reference = small.build("dense", keras=k)
-    template = small.build("dense", keras=k)
-    template.set_weights(reference.get_weights())
-    parallel = harness.parallelize(template, logical_devices[:2], ratios=[3, 2], method=method)
-    traced = []
-    single_train = parallel._single_train
-    parallel._single_train = lambda *args: traced.append(1) or single_train(*args)
+    parallel = harness.parallelize(template, devices, ratios=ratios, method=method)
     for model in (reference, parallel):
         model.compile(optimizer=k.optimizers.SGD(0.05), loss=small.loss(k))
 
@@ -157,6 +120,40 @@ def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logica
         parallel.sync_to_template()
         return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.get_weights(), template.get_weights()))
 
+    return parallel, trained
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_step_traced_for_one_batch_size_traces_that_sizes_path_alone(logical_devices, any_keras, method):
+    # train_on_batch traces for its batch's size: a batch that fills the devices traces the parallel step
+    # without the single-device branch (a trace of the whole step again, in a tf.cond), one smaller than the
+    # device count the single-device step alone. Both stay exact.
+    x, y, _ = small.make_data("dense", 7)
+    parallel, trained = _trainer(any_keras, logical_devices[:3], [3, 2, 1], method)
+    traced = {"single": 0, "parallel": 0}
+    for name in traced:
+        step = getattr(parallel, f"_{name}_train")
+        setattr(parallel, f"_{name}_train", lambda *args, step=step, name=name: traced.update(
+            {name: traced[name] + 1}) or step(*args))
+
+    def on_batch(rows):
+        return lambda model: model.train_on_batch(x[rows], y[rows])
+
+    assert trained(on_batch(slice(0, 5))) <= 1e-6
+    assert traced == {"single": 0, "parallel": 1}
+    assert trained(on_batch(slice(5, 7))) <= 1e-6  # 2 rows on 3 devices
+    assert traced["single"] >= 1 and trained(on_batch(slice(0, 5))) <= 1e-6
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logical_devices, any_keras, method):
+    # A fit whose batches all fill the devices traces its step without the single-device branch;
+    # a later train_on_batch of one sample gets it back, and stays exact.
+    x, y, _ = small.make_data("dense", 46)
+    parallel, trained = _trainer(any_keras, logical_devices[:2], [3, 2], method)
+    traced = []
+    single_train = parallel._single_train
+    parallel._single_train = lambda *args: traced.append(1) or single_train(*args)
     assert trained(lambda m: m.fit(x[:45], y[:45], batch_size=10, shuffle=False, verbose=0)) <= 1e-6
     assert traced == []  # 45 at batch 10: a last batch of 5, on 2 devices
     assert trained(lambda m: m.train_on_batch(x[45:], y[45:])) <= 1e-6
