@@ -41,16 +41,17 @@ def _key(*combination) -> str:
 
 
 def _runs_in_order():
-    """Every ``run_one`` the emulated grid's benchmarks read, as ``(key, what, make_configs)``: for each device
-    count, the even split's runs first, the stock baseline between harness' two methods (``VersusStock`` compares
-    each with it: measured next to each other), then the other splits, then the overlap's pair."""
+    """Every ``run_one`` the emulated grid's benchmarks read, as ``(key, kind, workload, method, split, count)``
+    (kind ``"run"`` or ``"overlap"``, whose split is None): for each device count, the even split's runs first, the
+    stock baseline between harness' two methods (``VersusStock`` compares each with it: measured next to each
+    other), then the other splits, then the overlap's pair."""
     workloads, methods, splits, counts = PARAMS
     for workload, count in itertools.product(workloads, counts):
         evens = [m for m in ("single", "towers", "keras", "mirrored") if m in methods]
         for method, split in [(m, "even") for m in evens] + [(m, s) for s in splits if s != "even" for m in methods]:
-            yield _key(workload, method, split, count), "run", (method, split, count)
+            yield _key(workload, method, split, count), "run", workload, method, split, count
     for workload, method, count in itertools.product(*Overlap.params):
-        yield _key("overlap", workload, method, count), "overlap", (method, count)
+        yield _key("overlap", workload, method, count), "overlap", workload, method, None, count
 
 
 def run_every_combination() -> dict:
@@ -68,14 +69,13 @@ def run_every_combination() -> dict:
     gridrun = common.gridrun()
     profiles = common.setup_profiles()
     runs: dict[str, object] = {}
-    for key, kind, args in _runs_in_order():
+    for key, kind, workload, method, split, count in _runs_in_order():
         try:
             if kind == "run":
-                method, split, count = args
                 common.check_combination(method, split, count)
-                configs = [gridrun.run_config(grid, profiles, key.split("/")[0], method, split, count)]
+                configs = [gridrun.run_config(grid, profiles, workload, method, split, count)]
             else:
-                configs = list(gridrun.overlap_configs(grid, profiles, key.split("/")[1], *args))
+                configs = list(gridrun.overlap_configs(grid, profiles, workload, method, count))
         except NotImplementedError as err:
             runs[key] = {"skip": str(err)}
             continue
@@ -102,11 +102,6 @@ def _cached(cache, key: str):
     if "raised" in entry:
         raise RuntimeError(f"{key}: {entry['raised']}\n{entry['traceback']}")
     return entry["result"]
-
-
-def _profiles(cache) -> dict:
-    """The device profiles in either ``setup_cache``'s value: ``run_every_combination``'s or ``setup_profiles``'."""
-    return cache["profiles"] if _EMULATED else cache
 
 
 _EMULATED = GRID.emulate is not None
