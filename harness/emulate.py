@@ -30,6 +30,14 @@ step also logs the real work time (begin to the end op's start, before it
 sleeps) and whether it ran past its emulated deadline (*late*). A device late
 in more than ``HOST_BOUND_SHARE`` of its steps is *host-bound*: its figures are
 this host's speed, not the emulated device's (``BusyTime.host_bound``).
+
+Steps nobody times (the first step of a run, which traces; warm-up steps; a
+probe that only asks whether a batch fits) need not wait: while
+``Emulator.waiting`` is False the end and copy ops return at once and log
+nothing. The memory check still applies, the host still computes every slice.
+What a run measures is unchanged; the waits it skips were emulated seconds of
+nothing (``harness.bench.runner.train_windows``, ``harness.bench.tuning.probe``;
+over a link the last untimed step waits: ``Emulator.steps_to_skip``).
 """
 
 from __future__ import annotations
@@ -368,6 +376,27 @@ class Emulator:
         self.timed = tuple(d for d in timed if d not in self.devices)
         self._lock = threading.Lock()
         self._events: list[Event] = []
+        # False: the end and copy ops neither sleep nor log (steps nobody times; see the module's doc). Read by
+        # each op as it runs: set between two steps, it applies from the next.
+        self.waiting = True
+
+    @contextlib.contextmanager
+    def untimed(self):
+        """Steps run inside skip their emulated waits and are not logged (``waiting`` False), then wait again."""
+        self.waiting = False
+        try:
+            yield self
+        finally:
+            self.waiting = True
+
+    def steps_to_skip(self, untimed: int, timed_after: bool = True) -> int:
+        """How many of ``untimed`` steps that start a run may skip their waits (``waiting`` False): all of them,
+        unless timed steps follow over an emulated link. Then the last one waits: a step's next slice is copied
+        while it runs (``harness.parallel.staging``), so the first timed step's copy overlaps a whole step, as
+        every later one's does (after a step that skipped its wait, the first timed step would wait for its copy)."""
+        if timed_after and untimed > 0 and any(d.link is not None for d in self.devices.values()):
+            return untimed - 1
+        return untimed
 
     def __repr__(self) -> str:
         timed = f"; timed {', '.join(self.timed)}" if self.timed else ""
@@ -460,6 +489,8 @@ class Emulator:
         overlap = token.overlap
 
         def finish(t0, count, got, sends, _after):
+            if not self.waiting:  # a step nobody times: no wait, no log
+                return np.float32(0.0)
             t0, count, got, sends = float(t0), int(count), int(got), int(sends)
             spec = self.devices.get(device)  # read per step: set_rate applies from the next step
             if spec is None:
@@ -509,6 +540,8 @@ class Emulator:
             size, count = nbytes(x)
 
         def copied(got, _probe):
+            if not self.waiting:  # a copy for a step nobody times
+                return np.float32(0.0)
             t0, got = time.perf_counter(), int(got)
             spec = self.devices.get(device)
             seconds = spec.link_seconds([(got, count)]) if spec is not None else 0.0

@@ -182,13 +182,20 @@ def train_windows(
     callback = (windows_callback or window_callback)(
         batch_size=config.batch, seconds=config.seconds, windows=config.windows, warmup_steps=config.warmup_steps,
         on_window=finished, on_step=on_step, keras_module=k)
+    # The warm-up steps skip their emulated waits (Emulator.steps_to_skip): nothing times them. A rebalancer reads
+    # every step's.
+    skip = 0 if emulator is None or history is not None else emulator.steps_to_skip(config.warmup_steps)
+    untimed = [_untimed_steps(emulator, skip, k)] if skip else []
     try:
         with _placement(config):
-            model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*extra, callback],
+            model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*untimed, *extra, callback],
                       shuffle=False)
     except tf.errors.ResourceExhaustedError as err:
         result.update(status="oom", error=_oom_line(err))
         return result
+    finally:
+        if emulator is not None:
+            emulator.waiting = True
     result["status"] = "complete"
     result["summary"] = _summary(result["windows"])
     if not check_input:
@@ -273,6 +280,22 @@ def _extra_callbacks(config: RunConfig, model, keras_module) -> list:
 
         callbacks.append(Rebalance(every=config.rebalance_every))
     return callbacks
+
+
+def _untimed_steps(emulator, steps: int, keras):
+    """A callback of ``keras`` for which ``emulator``'s first ``steps`` steps skip their waits
+    (``harness.emulate.Emulator.waiting``): it waits again from the step after them."""
+    emulator.waiting = False
+
+    class _Untimed(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen >= steps:
+                emulator.waiting = True
+
+    return _Untimed()
 
 
 def _throttle_callback(config: RunConfig, model, keras):

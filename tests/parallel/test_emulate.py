@@ -9,6 +9,7 @@ both Keras generations (``any_keras``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -365,3 +366,77 @@ def test_an_emulated_link_charges_bytes_over_bandwidth_plus_latency(logical_devi
     assert float(np.median(busy)) == pytest.approx(compute + link, rel=0.10), (busy, compute + link)
     first = [e for e in parallel.emulator._events if e.device == parallel.devices[0]]
     assert {e.moved for e in first} == {slice_bytes}  # the merge device: only its slice crosses its link
+
+
+# -- steps nobody times skip their waits
+@pytest.mark.parametrize("method", METHODS)
+def test_steps_nobody_times_skip_their_waits_and_train_the_same(logical_devices, any_keras, method, monkeypatch):
+    """While ``Emulator.waiting`` is False (a run's warm-up, the tuner's untimed probes) the emulated devices sleep
+    for nothing and log nothing; the steps train exactly as waiting ones, and the memory check still applies."""
+    import numpy as np
+    import tensorflow as tf
+
+    import harness.emulate as emulate
+
+    k, devices = any_keras, logical_devices[:2]
+    x, y = data("dense", 80)
+    start = small.build("dense", keras=k).get_weights()
+    slept = []
+    real_sleep = emulate.time.sleep
+    monkeypatch.setattr(emulate.time, "sleep", lambda s: (slept.append(s), real_sleep(s)))
+    trained = {}
+    for waiting in (True, False):
+        template = small.build("dense", keras=k)
+        template.set_weights(start)
+        # 20 rows a device a step at 400 samples/s: 50 ms of emulated time, over a link (staged copies wait too)
+        parallel = harness.parallelize(template, devices, ratios=[1, 1], method=method,
+                                       emulate="400:30@pcie3x16,400:30@pcie3x16")
+        parallel.compile(optimizer="sgd", loss=small.loss(k))
+        slept.clear()
+        with parallel.emulator.untimed() if not waiting else contextlib.nullcontext():
+            parallel.fit(x, y, batch_size=40, epochs=1, verbose=0, shuffle=False)  # 2 steps
+            if not waiting:
+                with pytest.raises(tf.errors.ResourceExhaustedError, match="exceeds its MAXBATCH 30"):
+                    parallel.train_on_batch(x[:70], y[:70])  # 35 rows a device
+        logged = parallel.emulator.busy_between(0, float("inf"))
+        trained[waiting] = [w.numpy() for w in template.weights]
+        if waiting:
+            assert [logged[d].steps for d in devices] == [2, 2] and len(slept) >= 4, slept
+        else:
+            assert [logged[d].steps for d in devices] == [0, 0] and slept == []
+            assert parallel.emulator.waiting  # waits again after the block
+    for waited, skipped in zip(trained[True], trained[False]):
+        np.testing.assert_array_equal(waited, skipped)
+
+
+@pytest.mark.parametrize("link", [None, "pcie3x16"])
+@pytest.mark.parametrize("method", ["towers", "mirrored", "keras"])
+def test_a_runs_warm_up_steps_skip_their_waits_and_its_windows_wait(logical_devices, method, link):
+    """``run_one``'s warm-up steps (the first traces) are not timed: their emulated waits are skipped, so the
+    emulator logged exactly the windows' steps. Over a link the last one waits (its copy of the first timed step's
+    slice overlaps a whole step): one logged step more."""
+    from harness.bench.runner import RunConfig, build_model, train_windows
+    from harness.emulate import LINKS, EmulatedDevice
+
+    devices = tuple(logical_devices[:2])
+    device = EmulatedDevice(800.0, link=LINKS[link] if link else None)  # 40 ms a step
+    config = RunConfig("mlp_head10", "tiny", method, devices, (32, 32), seconds=0.05, windows=2, warmup_steps=3,
+                       emulate=(device, device))
+    model = build_model(config)
+    result = train_windows(config, model, check_input=False)
+    assert result["status"] == "complete", result["error"]
+    logged = model.emulator.busy_between(0, float("inf"))
+    waited = sum(w["steps"] for w in result["windows"]) + (1 if link else 0)
+    assert [logged[d].steps for d in devices] == [waited, waited], (logged, waited)
+    assert model.emulator.waiting
+
+
+def test_untimed_steps_before_timed_ones_over_a_link_leave_the_last_waiting():
+    from harness.emulate import LINKS, EmulatedDevice, Emulator
+
+    plain = Emulator({"/device:CPU:0": EmulatedDevice(100.0), "/device:CPU:1": EmulatedDevice(100.0)})
+    linked = Emulator({"/device:CPU:0": EmulatedDevice(100.0),
+                       "/device:CPU:1": EmulatedDevice(100.0, link=LINKS["pcie3x8"])})
+    assert [plain.steps_to_skip(n) for n in (0, 1, 2)] == [0, 1, 2]
+    assert [linked.steps_to_skip(n) for n in (0, 1, 2)] == [0, 0, 1]
+    assert linked.steps_to_skip(1, timed_after=False) == 1  # nothing timed follows: no copy to overlap

@@ -67,6 +67,32 @@ def test_the_probe_traces_one_step_for_every_batch_size():
     assert {calls for _, _, calls in seen} == {seen[0][2]}, seen
 
 
+_WAITS = """
+import json, time, harness
+import harness.emulate as emulate
+from harness.bench import workloads
+from harness.emulate import EmulatedDevice
+from harness.bench.tuning.probe import probe_device
+slept, sleep = [], time.sleep
+emulate.time.sleep = lambda s: (slept.append(s), sleep(s))  # the emulated devices' waits
+devices = harness.use_logical_devices(1, inter_op_threads=3)
+probe = probe_device(workloads.get("mnist_maxing"), "tiny", devices[0], emulate=EmulatedDevice(200.0, 100), start=16,
+                     min_seconds=0.02, tolerance=0.03)
+print(json.dumps({{"probe": probe.to_json(), "slept": len(slept)}}))
+"""
+
+
+@pytest.mark.extended
+def test_the_probe_waits_only_in_its_timed_steps():
+    # A point's first step (a trace, a new size) and the bisection's steps (whether a batch fits) are not timed: on an
+    # emulated device they skip their emulated waits. Every wait is a timed step's. Planted defect (the untimed step
+    # waiting again): one wait more per point that fits.
+    seen = json.loads(run_python(_WAITS.format()))
+    timed = sum(p["steps"] for p in seen["probe"]["points"])
+    assert timed > 0 and any(p["fits"] and not p["steps"] for p in seen["probe"]["points"])  # bisection points
+    assert 0 < seen["slept"] <= timed, seen  # a timed step may run late (no wait) on a loaded host
+
+
 @pytest.mark.timing
 @pytest.mark.usefixtures("keras3")
 def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):

@@ -10,7 +10,10 @@ driver, which is why other processes should not share the GPU while tuning).
 
 Every successful growth probe is also timed (one untimed step for tracing and
 allocation, then steps for at least ``min_seconds``): the throughput curve
-comes free with the ceiling search.
+comes free with the ceiling search. On an emulated device the untimed steps
+(those of the bisection are all untimed) skip their emulated waits
+(``harness.emulate.Emulator.waiting``): they say whether a batch fits, not how
+fast (over a link, a growth probe's untimed step waits: ``Emulator.steps_to_skip``).
 """
 
 from __future__ import annotations
@@ -186,6 +189,9 @@ def _stamps(model, times: list[float], max_steps: int, min_seconds: float):
                 times.append(now - self.last)
             else:
                 self.started = now
+                emulator = getattr(model, "emulator", None)
+                if emulator is not None:  # the untimed step skipped its emulated wait (_runner's run); these wait
+                    emulator.waiting = True
                 # What exists now (the traced step's graphs among it) is left out of the garbage collector's
                 # scans until the run ends: a full collection walking TensorFlow's graphs took seconds, and
                 # one inside the timed steps made them look slow (not late: a host pause outside the steps).
@@ -236,6 +242,10 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
         x, y = (tf.nest.map_structure(lambda a: tf.constant(a[index]), d) for d in (pool_x, pool_y))
         times: list[float] = []
         began = time.perf_counter()
+        # The first, untimed step (a trace, or only whether the batch fits) skips its emulated wait; the timed ones
+        # wait (_stamps). Over a link, one that timed steps follow waits too (Emulator.steps_to_skip).
+        if model.emulator is not None and model.emulator.steps_to_skip(1, timed_after=max_steps > 0):
+            model.emulator.waiting = False
         try:
             # Batched after repeat: every batch full, its size unknown to the trace (one trace per model).
             batches = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch)
@@ -250,6 +260,8 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
             raise _OutOfMemory(_oom_line(err)) from None
         finally:
             gc.unfreeze()
+            if model.emulator is not None:
+                model.emulator.waiting = True
             del x, y
         busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
         return Point(batch, True, statistics.median(times) if times else None, len(times),
