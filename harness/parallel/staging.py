@@ -108,9 +108,16 @@ class Stager:
         return self._step(staged)
 
     def _signature(self, iterator, staged) -> tuple:
-        """The specs the step is traced for: the iterator's element spec, and each slice's without its size."""
+        """The specs the step is traced for: the iterator's element spec, and each slice's without its size.
+
+        Where this fit's batches are all at least the device count (``ParallelCommon._small_batches_possible``
+        False: the step asserts it), the batch's own size is left out too: a later fit of another such size
+        (a dataset batched by another number) runs the same trace instead of tracing the whole step again.
+        """
         model = self.model
         x, y, sample_weight = model._adapter.k.utils.unpack_x_y_sample_weight(iterator.element_spec)
+        if not model._small_batches_possible:
+            x, y, sample_weight = (tf.nest.map_structure(_any_rows, spec) for spec in (x, y, sample_weight))
         n, sizes = (tf.TensorSpec.from_tensor(staged[0][key]) for key in ("n", "sizes"))
         parts = [tf.nest.map_structure(_any_size, part) for part in staged[0]["parts"]]
         return {"whole": x, "n": n, "sizes": sizes, "parts": parts}, y, sample_weight
@@ -138,6 +145,13 @@ class Stager:
                 part = model.emulator.copy(device, part)
             placed.append(part)
         return Staged(x, n, sizes, placed).to_structure(), y, sample_weight
+
+
+def _any_rows(spec):
+    """``spec`` (a leaf of an element spec) with any number of rows; other specs (ragged, sparse) as they are."""
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        return tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, spec.name)
+    return spec
 
 
 def _any_size(value):

@@ -93,6 +93,45 @@ def test_the_probe_waits_only_in_its_timed_steps():
     assert 0 < seen["slept"] <= timed, seen  # a timed step may run late (no wait) on a loaded host
 
 
+_EVEN_TRACES = """
+import json, keras, harness
+from harness.bench.tuning.tuner import tune
+from harness.emulate import parse_emulate
+CALLS = []  # the layer's Python call runs once per trace of a step (per device), and when Keras builds the model
+class Count(keras.layers.Layer):
+    def call(self, x):
+        CALLS.append(1)
+        return x
+def build():
+    inputs = keras.Input((8,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(Count()(inputs)))
+    model.compile("sgd", "mse")
+    return model
+devices = harness.use_logical_devices(2, inter_op_threads=4)
+seen = []
+record = tune("__main__:build", devices=devices, emulate=parse_emulate("20000:300,10000:150"), method="{method}",
+              verify_seconds=0.1, verify_windows=1, max_step_s=0.2,
+              on_event=lambda line: seen.append((line, len(CALLS))))
+print(json.dumps({{"seen": seen, "verify": record["verify"]}}))
+"""
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("method", ["mirrored", "towers"])
+def test_the_even_split_runs_the_tuned_splits_trace(method):
+    # The tuned and the even split train one model (the even split set by set_ratios): the even run traces
+    # nothing. Planted defect (a model of its own for the even split): its run traced the step again.
+    out = json.loads(run_python(_EVEN_TRACES.format(method=method)))
+    verify = out["verify"]
+    assert verify["tuned"]["batches"] != verify["even"]["batches"] and verify["even"]["status"] == "complete"
+    runs = [(line, calls) for line, calls in out["seen"] if line.startswith(("verifying: ", "    measured"))]
+    tuned, even, stock = (i for i, (line, _) in enumerate(runs)
+                          if line.startswith("verifying: ") and "alone" not in line)
+    assert [runs[i][0].split(":")[1].split()[0] for i in (tuned, even, stock)] == [method, method, "keras"], runs
+    assert runs[tuned + 1][1] > runs[tuned][1]  # the tuned split's run traced the step
+    assert runs[even + 1][1] == runs[even][1], runs  # the even split's traced nothing
+
+
 @pytest.mark.timing
 @pytest.mark.usefixtures("keras3")
 def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):

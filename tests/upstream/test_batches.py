@@ -146,6 +146,30 @@ def test_a_step_traced_for_one_batch_size_traces_that_sizes_path_alone(logical_d
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_fits_on_datasets_of_other_batch_sizes_run_one_trace(logical_devices, any_keras, method):
+    # A dataset batched by a fixed number traces its fit's step; where every batch fills the devices the trace
+    # leaves the batch's size out (the step asserts it), so a later fit on a dataset batched by another number
+    # runs the same trace (the tuner's even split after its tuned one). Both exact. Planted defect (the size kept
+    # in the staged step's signature): 2 traces.
+    import tensorflow as tf
+
+    x, y, _ = small.make_data("dense", 48)
+    parallel, trained = _trainer(any_keras, logical_devices[:3], [3, 2, 1], method)
+    traced = []
+    step = parallel._parallel_train
+    parallel._parallel_train = lambda *args: traced.append(1) or step(*args)
+
+    def on_dataset(batch):
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
+        return lambda model: model.fit(data, epochs=1, verbose=0, shuffle=False)
+
+    assert trained(on_dataset(12)) <= 1e-6
+    assert trained(on_dataset(8)) <= 1e-6
+    assert trained(on_dataset(16)) <= 1e-6
+    assert len(traced) == 1, traced
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_the_single_device_path_is_traced_only_where_a_batch_can_be_small(logical_devices, any_keras, method):
     # A fit whose batches all fill the devices traces its step without the single-device branch;
     # a later train_on_batch of one sample gets it back, and stays exact.

@@ -9,7 +9,8 @@
    ``(1 - margin)`` of its ceiling.
 4. Verification: each device alone at its chosen batch (the efficiency's
    denominator is measured, not fitted), then the split itself with
-   ``harness.bench.runner.run_one``, and the even split of the same global batch.
+   ``harness.bench.runner.run_one``, and the even split of the same global batch
+   (on the same model and trace, split by ``set_ratios``).
 """
 
 from __future__ import annotations
@@ -355,15 +356,24 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     tuned_solo = _solo(probes, split.batches, seconds, say, specs=specs, bound=alone_bound)
     even, even_solo = _even_solo(probes, split, ceilings, seconds, say) if compare_even else (split.batches, None)
     release_probes(probe for probe, _ in probes)  # free the probe models before the parallel ones take the memory
+    # The tuned and the even split train one model, the even split set by set_ratios: its step runs the tuned one's
+    # trace (staging: a step traced for any batch of at least the device count), not a trace of its own.
+    shared = None
+    if compare_even and tuple(even) != tuple(split.batches) and all(b > 0 for b in (*even, *split.batches)):
+        from harness.bench.runner import build_model
+
+        shared = build_model(_run_config(model, size, devices, specs, split.batches, method, seconds, windows, seed,
+                                         data))
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
-                              split.samples_per_second, tuned_solo, data)}
+                              split.samples_per_second, tuned_solo, data, shared)}
     if alone_bound:
         out["tuned"]["host_bound"] = [*(out["tuned"]["host_bound"] or []), *alone_bound]
     if compare_even and tuple(even) == tuple(split.batches):
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
-                                predict(models, even).samples_per_second, even_solo, data)
+                                predict(models, even).samples_per_second, even_solo, data, shared)
+    shared = None  # its memory is the stock baseline's
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
@@ -452,15 +462,30 @@ def _solo(probes, batches, seconds, say, concurrent: bool = True, specs=None,
     return rates
 
 
-def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None):
-    from harness.bench.runner import RunConfig, host_bound, run_one
+def _run_config(model, size, devices, specs, batches, method, seconds, windows, seed, data):
+    """The verification run of ``batches``: on the devices with rows (one alone: method 'single')."""
+    from harness.bench.runner import RunConfig
 
     used = [i for i, b in enumerate(batches) if b > 0]
-    config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
-                       tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
-                       emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
+    return RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
+                     tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
+                     emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
+
+
+def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None,
+              built=None):
+    """Measures ``batches`` in parallel; ``built``: a model of these devices and method to train (split by
+    ``set_ratios``), else one of its own (``run_one``)."""
+    from harness.bench.runner import host_bound, run_one, train_windows
+
+    used = [i for i, b in enumerate(batches) if b > 0]
+    config = _run_config(model, size, devices, specs, batches, method, seconds, windows, seed, data)
     say(f"verifying: {config.method} with batches {list(batches)}")
-    result = run_one(config, check_input=False)  # samples/s is all the verification reads
+    if built is not None:
+        built.set_ratios(list(config.batches))
+        result = train_windows(config, built, check_input=False)
+    else:
+        result = run_one(config, check_input=False)  # samples/s is all the verification reads
     measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None
     eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
     line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \
