@@ -368,6 +368,8 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
                               split.samples_per_second, tuned_solo, data, shared)}
     if alone_bound:
         out["tuned"]["host_bound"] = [*(out["tuned"]["host_bound"] or []), *alone_bound]
+    if out["tuned"]["status"] != "complete":
+        shared = None  # a model whose run failed (out of memory): the even split gets one of its own
     if compare_even and tuple(even) == tuple(split.batches):
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
