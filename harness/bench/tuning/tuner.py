@@ -358,12 +358,8 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     release_probes(probe for probe, _ in probes)  # free the probe models before the parallel ones take the memory
     # The tuned and the even split train one model, the even split set by set_ratios: its step runs the tuned one's
     # trace (staging: a step traced for any batch of at least the device count), not a trace of its own.
-    shared = None
-    if compare_even and tuple(even) != tuple(split.batches) and all(b > 0 for b in (*even, *split.batches)):
-        from harness.bench.runner import build_model
-
-        shared = build_model(_run_config(model, size, devices, specs, split.batches, method, seconds, windows, seed,
-                                         data))
+    shared = {} if compare_even and tuple(even) != tuple(split.batches) and all(
+        b > 0 for b in (*even, *split.batches)) else None
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
                               split.samples_per_second, tuned_solo, data, shared)}
     if alone_bound:
@@ -375,7 +371,7 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     elif compare_even:
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
                                 predict(models, even).samples_per_second, even_solo, data, shared)
-    shared = None  # its memory is the stock baseline's
+    shared = None  # its model's memory is the stock baseline's
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
                                f"the even split of {split.global_batch} exceeds a memory ceiling "
@@ -475,19 +471,21 @@ def _run_config(model, size, devices, specs, batches, method, seconds, windows, 
 
 
 def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None,
-              built=None):
-    """Measures ``batches`` in parallel; ``built``: a model of these devices and method to train (split by
-    ``set_ratios``), else one of its own (``run_one``)."""
-    from harness.bench.runner import host_bound, run_one, train_windows
+              shared: dict | None = None):
+    """Measures ``batches`` in parallel on a model of its own (``run_one``), or with ``shared`` (a dict) on the
+    model kept there: the first such run builds it, the next ones split it by ``set_ratios``."""
+    from harness.bench.runner import build_model, host_bound, run_one, train_windows
 
     used = [i for i, b in enumerate(batches) if b > 0]
     config = _run_config(model, size, devices, specs, batches, method, seconds, windows, seed, data)
     say(f"verifying: {config.method} with batches {list(batches)}")
-    if built is not None:
-        built.set_ratios(list(config.batches))
-        result = train_windows(config, built, check_input=False)
+    if shared is not None:
+        if "model" not in shared:
+            shared["model"] = build_model(config)
+        shared["model"].set_ratios(list(config.batches))
+        result = train_windows(config, shared["model"], check_input=False)  # samples/s is all the verification reads
     else:
-        result = run_one(config, check_input=False)  # samples/s is all the verification reads
+        result = run_one(config, check_input=False)
     measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None
     eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
     line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \
