@@ -33,11 +33,9 @@ def test_ceiling_search_finds_the_emulated_ceiling(ceiling):
     assert all(b <= ceiling for b in fits) and all(p["batch"] > ceiling for p in probe["points"] if not p["fits"])
 
 
-_TRACES = """
+# A model whose counting layer tells how often its step was traced (a script's own model: "__main__:build").
+_COUNTED = """
 import json, keras, harness
-from harness.bench import workloads
-from harness.emulate import EmulatedDevice
-from harness.bench.tuning.probe import probe_device
 CALLS = []  # the layer's Python call runs once per trace of a step (and when Keras builds the model)
 class Count(keras.layers.Layer):
     def call(self, x):
@@ -48,6 +46,11 @@ def build():
     model = keras.Model(inputs, keras.layers.Dense(2)(Count()(inputs)))
     model.compile("sgd", "mse")
     return model
+"""
+_TRACES = _COUNTED + """
+from harness.bench import workloads
+from harness.emulate import EmulatedDevice
+from harness.bench.tuning.probe import probe_device
 devices = harness.use_logical_devices(1, inter_op_threads=3)
 seen = []
 probe_device(workloads.get("__main__:build"), "tiny", devices[0], emulate=EmulatedDevice(20000.0, 300), start=16,
@@ -93,20 +96,9 @@ def test_the_probe_waits_only_in_its_timed_steps():
     assert 0 < seen["slept"] <= timed, seen  # a timed step may run late (no wait) on a loaded host
 
 
-_EVEN_TRACES = """
-import json, keras, harness
+_EVEN_TRACES = _COUNTED + """
 from harness.bench.tuning.tuner import tune
 from harness.emulate import parse_emulate
-CALLS = []  # the layer's Python call runs once per trace of a step (per device), and when Keras builds the model
-class Count(keras.layers.Layer):
-    def call(self, x):
-        CALLS.append(1)
-        return x
-def build():
-    inputs = keras.Input((8,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(Count()(inputs)))
-    model.compile("sgd", "mse")
-    return model
 devices = harness.use_logical_devices(2, inter_op_threads=4)
 seen = []
 record = tune("__main__:build", devices=devices, emulate=parse_emulate("20000:300,10000:150"), method="{method}",
