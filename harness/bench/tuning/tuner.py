@@ -460,24 +460,16 @@ def _solo(probes, batches, seconds, say, concurrent: bool = True, specs=None,
     return rates
 
 
-def _run_config(model, size, devices, specs, batches, method, seconds, windows, seed, data):
-    """The verification run of ``batches``: on the devices with rows (one alone: method 'single')."""
-    from harness.bench.runner import RunConfig
-
-    used = [i for i, b in enumerate(batches) if b > 0]
-    return RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
-                     tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
-                     emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
-
-
 def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None,
               shared: dict | None = None):
     """Measures ``batches`` in parallel on a model of its own (``run_one``), or with ``shared`` (a dict) on the
     model kept there: the first such run builds it, the next ones split it by ``set_ratios``."""
-    from harness.bench.runner import build_model, host_bound, run_one, train_windows
+    from harness.bench.runner import RunConfig, build_model, host_bound, run_one, train_windows
 
-    used = [i for i, b in enumerate(batches) if b > 0]
-    config = _run_config(model, size, devices, specs, batches, method, seconds, windows, seed, data)
+    used = [i for i, b in enumerate(batches) if b > 0]  # the devices with rows (one alone: method 'single')
+    config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
+                       tuple(batches[i] for i in used), seconds=seconds, windows=windows, seed=seed,
+                       emulate=None if specs[0] is None else tuple(specs[i] for i in used), data=data)
     say(f"verifying: {config.method} with batches {list(batches)}")
     if shared is not None:
         if "model" not in shared:
