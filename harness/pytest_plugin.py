@@ -7,6 +7,9 @@ where asked for, with ``pytest -p harness.pytest_plugin`` or, in a top-level
 ``harness.assert_equivalent`` needs no pytest. Importing it does not import
 TensorFlow.
 
+Each test's cost goes into the JUnit file (``--junitxml``: its markers and the TensorFlow processes it
+started) and ``--time-budget STEP`` ends a run with its wall time against a budget: harness/pytest_timing.py.
+
 It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``, ``browser``,
 skips tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``,
 ``--run-extended``, ``--run-browser``; a browser test also needs Chromium: ``chromium_path``),
@@ -146,6 +149,11 @@ def pytest_addoption(parser):
     group.addoption("--skip-report", metavar="PATH", default=None,
                     help="write every skip of the run to PATH, one JSON object a line (nodeid, reason, where, "
                          "when); scripts/check-skips checks them against .ci/skip-allowlist")
+    group.addoption("--time-budget", metavar="STEP", default=None,
+                    help="end the run with its wall time against STEP's budget in --time-budget-file (harness "
+                         "test-time; the README's test command: quick)")
+    group.addoption("--time-budget-file", metavar="PATH", default=None,
+                    help="the budget file (TOML) of --time-budget (default: .ci/test-budget.toml under the rootdir)")
 
 
 def pytest_configure(config):
@@ -154,6 +162,9 @@ def pytest_configure(config):
         config.pluginmanager.register(SkipRecorder(path), "harness-skip-recorder")
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    from harness.pytest_timing import TimingPlugin  # JUnit properties of each test's cost; the budget line
+
+    config.pluginmanager.register(TimingPlugin(config, MARKERS), "harness-timing")
     if config.getoption("--require-gpu", False) and gpu_count() == 0:
         raise pytest.UsageError("--require-gpu: this machine has no NVIDIA GPU that the driver shows (/proc/driver/"
                                 "nvidia/gpus, CUDA_VISIBLE_DEVICES); the gpu and multi_gpu tests cannot run")

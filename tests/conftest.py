@@ -21,11 +21,29 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from dataclasses import dataclass
 
 import pytest
 
 pytest_plugins = ["harness.pytest_plugin"]  # opt-in: installing harness loads it nowhere else
+
+
+KERAS2_EXTENDED = ("keras2_extended: the test's Keras 2 run (any_keras' keras2) is an extended test: the quick loop "
+                   "runs it on Keras 3, and the Keras 2 paths it takes are a quick test's elsewhere (the marker's "
+                   "comment names which)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", KERAS2_EXTENDED)
+
+
+@pytest.hookimpl(tryfirst=True)  # before harness' plugin skips the extended tests this run did not select
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("any_keras") == "keras2" and item.get_closest_marker("keras2_extended") is not None:
+            item.add_marker(pytest.mark.extended)
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +60,21 @@ def keras3():
     import keras
 
     return keras
+
+
+@pytest.fixture(scope="module")
+def shared_runs():
+    """``shared_runs(*key)``: a ``single_runs`` dict of ``harness.compare_training``, one per key, for one test module.
+
+    The cases of one model that differ only in method, split or devices (a grid) pass the same dict: the
+    single-device run is trained once, and each method's parallel model is traced once per device list and
+    restored to the initial weights and optimizer state for the next split (``set_ratios``, no retrace). Tracing
+    is most of what a small model's comparison costs. Key it by everything else the runs depend on (the Keras
+    module, the model, the data and the training options).
+    """
+    kept: dict = defaultdict(dict)
+    yield lambda *key: kept[key]
+    kept.clear()
 
 
 # A quarter of the calibrated rate: the load beside a test may grow after the calibration (another

@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         matrix,
         regressions,
         run,
+        testtime,
         tfconfig,
         tune,
     )
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (run, compare, tune, calibrate, check, launch, tfconfig, env, bench, regressions, bisect, dashboard,
-                   docker, matrix, init):
+                   docker, matrix, init, testtime):
         module.add_parser(sub)
     return parser
 

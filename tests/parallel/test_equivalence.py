@@ -32,14 +32,15 @@ def _momentum_sgd(k):
 @pytest.mark.parametrize("split", [pytest.param(s, marks=pytest.mark.extended) if s in ("3:2", "1:3") else s
                                    for s in SPLITS])  # even and 5:3:2 in the quick loop, the two-device splits extended
 @pytest.mark.parametrize("method", METHODS)
-def test_parallel_step_equals_single_device(logical_devices, any_keras, method, split, model):
+def test_parallel_step_equals_single_device(logical_devices, any_keras, method, split, model, shared_runs):
     # two_input: L2 penalties would count once per device; sample weights over uneven slices.
+    # The cases of one model share its single-device run and each method's traced parallel model (shared_runs).
     k, ratios = any_keras, SPLITS[split]
     x, y, sample_weight = small.make_data(model, 61)
     report = harness.assert_equivalent(
         lambda: small.build(model, keras=k), x, y, devices=logical_devices[: len(ratios)], ratios=ratios,
         method=method, batch_size=20, epochs=2, optimizer=_momentum_sgd(k), loss=small.loss(k),
-        metrics=["accuracy"], sample_weight=sample_weight, tol=1e-6,
+        metrics=["accuracy"], sample_weight=sample_weight, tol=1e-6, single_runs=shared_runs(k.__name__, model),
     )
     assert report.steps == 8
     assert report.metrics_parallel["accuracy"] == pytest.approx(report.metrics_single["accuracy"], abs=1e-6)

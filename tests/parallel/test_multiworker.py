@@ -52,7 +52,10 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
                "SGD(0.1, clipvalue=0.01, use_ema=True, ema_overwrite_frequency=3, gradient_accumulation_steps=2)"]),
     pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"],
                  marks=pytest.mark.extended),  # sparse rows
-    (2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)", "--keras2"]),
+    # Keras 2's sparse rows across workers: extended; the quick loop keeps Keras 2's cluster (bn above) and its
+    # sparse rows in one process (tests/parallel/test_sparse.py).
+    pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)", "--keras2"],
+                 marks=pytest.mark.extended),
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
         "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200", "2w-1+2-global-clipnorm", "2w-clip-ema-accumulation",
         "2w-2+1-tokens-clipnorm", "2w-2+1-keras2-tokens-clipnorm"])

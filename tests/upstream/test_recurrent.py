@@ -27,6 +27,9 @@ def _stack(k, cell):
     return build
 
 
+# Keras 2's recurrent layers: extended here; the quick loop trains a Keras 2 GRU exactly in
+# tests/parallel/test_equivalence.py's grid.
+@pytest.mark.keras2_extended
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
 @pytest.mark.parametrize("cell", [pytest.param("GRU", id="gru", marks=pytest.mark.extended),
                                   pytest.param("LSTM", id="lstm")])

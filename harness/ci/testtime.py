@@ -1,0 +1,326 @@
+"""Where a test run's time goes, and whether each step of a CI run stays within its budget.
+
+Reads what pytest writes (``--junitxml``; with harness' plugin each test case carries the properties
+``markers`` and ``tf_processes``, harness/pytest_timing.py) and what ``.ci/run`` records of its steps
+(one JSON object a line: ``step``, ``wall_s``, ``status``, ``junit``, ``probe_s``), and holds the steps
+against a budget file (TOML)::
+
+    [host]
+    probe_s = 0.60         # probe_host() on the host the budgets were set on
+    fail_factor = 1.5      # a step fails only beyond fail_factor x its budget (noise never trips it)
+
+    [steps.quick]
+    seconds = 480
+    what = "the README's test command"
+
+A budget is seconds on the reference host. On a slower host (its probe takes longer) every budget grows by the
+same factor, never shrinks on a faster one: the verdict is about the suite, not about the machine it ran on.
+Framework-neutral: the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+
+from harness.errors import InvalidValue
+
+__all__ = ["TestTime", "Step", "Budget", "Budgets", "Verdict", "read_junit", "read_steps", "read_budgets",
+           "probe_host", "step_report", "steps_table", "judge", "budget_line", "PROBE_REPEATS"]
+
+UNMARKED = "(no marker)"
+PROBE_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class TestTime:
+    """One test case of a JUnit file: its time (setup, call and teardown) and what harness' plugin recorded."""
+
+    __test__ = False  # not a test class, whatever its name
+
+    nodeid: str
+    file: str
+    seconds: float
+    outcome: str  # passed, failed, error or skipped
+    markers: tuple[str, ...] = ()
+    tf_processes: int | None = None  # None: the plugin did not count (another plugin wrote the file)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a CI run as ``.ci/run`` records it."""
+
+    name: str
+    wall_s: float
+    status: int
+    junit: tuple[str, ...] = ()
+    probe_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A step's budget on the reference host, and what the step is."""
+
+    step: str
+    seconds: float
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """A budget file: each step's budget, the reference host's probe and the factor beyond which a step fails."""
+
+    path: str
+    steps: dict[str, Budget]
+    probe_s: float
+    fail_factor: float
+    total_s: float | None = None
+
+    def scale(self, probe_s: float | None) -> float:
+        """How much slower this host is than the reference host (a probe of ``probe_s``), at least 1."""
+        if probe_s is None or probe_s <= 0:
+            return 1.0
+        return max(1.0, probe_s / self.probe_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A step held against its budget: ``over`` when it took more than ``limit_s``."""
+
+    step: str
+    wall_s: float
+    budget_s: float | None
+    limit_s: float | None
+    scale: float
+
+    @property
+    def over(self) -> bool:
+        return self.limit_s is not None and self.wall_s > self.limit_s
+
+
+def _where(classname: str, name: str) -> tuple[str, str]:
+    """``(file, node id)`` of a JUnit case as pytest names it: ``tests.unit.test_split.TestY`` + ``test_z[p]`` is
+    ``tests/unit/test_split.py`` and ``tests/unit/test_split.py::TestY::test_z[p]`` (a class starts with a capital)."""
+    parts = classname.split(".") if classname else []
+    module = [p for p in parts if not p[:1].isupper()]
+    classes = parts[len(module):]
+    file = "/".join(module) + ".py" if module else ""
+    return file, "::".join([file, *classes, name]) if file else name
+
+
+def read_junit(path: str | Path) -> list[TestTime]:
+    """The test cases of a JUnit XML file as pytest writes it (``--junitxml``), in file order.
+
+    Raises:
+        InvalidValue: the file cannot be read or is not JUnit XML.
+    """
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as err:
+        raise InvalidValue(f"cannot read the JUnit file {str(path)!r}: {err}") from None
+    if root.tag not in ("testsuites", "testsuite"):
+        raise InvalidValue(f"{str(path)!r} is not a JUnit file: its root element is <{root.tag}>")
+    tests = []
+    for case in root.iter("testcase"):
+        file, nodeid = _where(case.get("classname", ""), case.get("name", ""))
+        properties = {p.get("name"): p.get("value", "") for p in case.iter("property")}
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = "failed" if tag == "failure" else tag
+                break
+        processes = properties.get("tf_processes")
+        tests.append(TestTime(
+            nodeid=nodeid, file=file, seconds=float(case.get("time") or 0.0),
+            outcome=outcome, markers=tuple(m for m in properties.get("markers", "").split(",") if m),
+            tf_processes=int(processes) if processes not in (None, "") else None))
+    return tests
+
+
+def read_steps(path: str | Path) -> list[Step]:
+    """The steps ``.ci/run`` recorded in ``path``, one JSON object a line.
+
+    Raises:
+        InvalidValue: the file cannot be read, or a line is not a step record (the line is named).
+    """
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise InvalidValue(f"cannot read the steps file {str(path)!r}: {err.strerror or err}") from None
+    steps = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            junit = record.get("junit") or ()
+            steps.append(Step(str(record["step"]), float(record["wall_s"]), int(record["status"]),
+                              tuple([junit] if isinstance(junit, str) else junit),
+                              None if record.get("probe_s") is None else float(record["probe_s"])))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise InvalidValue(f"{path}:{number}: not a step record ({err!r}): {line[:200]!r}") from None
+    return steps
+
+
+def _positive(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidValue(f"{where} must be a positive number of seconds; got {value!r}")
+    return float(value)
+
+
+def read_budgets(path: str | Path) -> Budgets:
+    """A budget file (the module's docstring).
+
+    Raises:
+        InvalidValue: the file cannot be read, is not TOML, or a value is missing or not positive (named).
+    """
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InvalidValue(f"cannot read the budget file {str(path)!r}: {err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise InvalidValue(f"the budget file {str(path)!r} is not TOML: {err}") from None
+    host, steps = data.get("host"), data.get("steps")
+    if not isinstance(host, dict) or not isinstance(steps, dict) or not steps:
+        raise InvalidValue(f"the budget file {str(path)!r} needs a [host] table and at least one [steps.NAME] table")
+    probe = _positive(host.get("probe_s"), f"{path}: [host] probe_s")
+    factor = _positive(host.get("fail_factor", 1.5), f"{path}: [host] fail_factor")
+    if factor < 1:
+        raise InvalidValue(f"{path}: [host] fail_factor must be at least 1; got {factor!r}")
+    budgets = {}
+    for name, table in steps.items():
+        if not isinstance(table, dict):
+            raise InvalidValue(f"{path}: steps.{name} must be a table with seconds = N; got {table!r}")
+        budgets[name] = Budget(name, _positive(table.get("seconds"), f"{path}: [steps.{name}] seconds"),
+                               str(table.get("what", "")))
+    total = host.get("total_s")
+    return Budgets(str(path), budgets, probe, factor,
+                   None if total is None else _positive(total, f"{path}: [host] total_s"))
+
+
+def _workload() -> None:
+    """A fixed piece of pure-Python work: what dominates a suite of small models (tracing, Keras' Python)."""
+    table: dict[int, list[int]] = {}
+    for i in range(600_000):
+        table.setdefault(i % 997, []).append((i * 7919) % 65_521)
+    for values in table.values():
+        values.sort()
+    " ".join(str(len(v)) for v in table.values()).split()
+
+
+def probe_host(repeats: int = PROBE_REPEATS) -> float:
+    """Seconds this host takes for a fixed pure-Python workload, the fastest of ``repeats`` runs.
+
+    A relative speed: compare it only with a probe taken the same way (the budget file's ``probe_s``). The
+    fastest run is the least disturbed; under load it grows, as the tests' times do.
+    """
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        _workload()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _marker_of(test: TestTime, known: Sequence[str]) -> str:
+    found = [m for m in test.markers if m in known] if known else list(test.markers)
+    return ",".join(found) if found else UNMARKED
+
+
+def _table(rows: Iterable[Sequence[str]], header: Sequence[str]) -> list[str]:
+    rows = [list(header), *map(list, rows)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    out = ["  ".join(c.rjust(w) if i < len(header) - 1 else c for i, (c, w) in enumerate(zip(r, widths)))
+           for r in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def step_report(name: str, tests: Sequence[TestTime], wall_s: float | None = None, *, top: int = 25,
+                files: int = 15, known_markers: Sequence[str] = ()) -> str:
+    """The time of one step: its wall time, the ``top`` slowest tests, the time per file and per marker, and
+    the TensorFlow processes its tests started (where harness' plugin counted them)."""
+    ran = [t for t in tests if t.outcome != "skipped"]
+    total = sum(t.seconds for t in tests)
+    counted = [t.tf_processes for t in tests if t.tf_processes is not None]
+    outcomes = Counter(t.outcome for t in tests)
+    head = f"{name}: {len(ran)} tests ran ({', '.join(f'{n} {o}' for o, n in sorted(outcomes.items()))}), " \
+           f"{total:.0f} s of test time"
+    if wall_s is not None:
+        head += f" in {wall_s:.0f} s wall"
+    head += f"; TensorFlow processes started: {sum(counted)}" if counted else "; TensorFlow processes: not counted"
+    lines = [head, "", f"the {min(top, len(ran))} slowest tests:"]
+    slowest = sorted(ran, key=lambda t: -t.seconds)[:top]
+    lines += _table(([f"{t.seconds:.1f}", "-" if t.tf_processes is None else str(t.tf_processes), t.nodeid]
+                     for t in slowest), ["s", "tf", "test"])
+    per_file: dict[str, list[TestTime]] = defaultdict(list)
+    for t in ran:
+        per_file[t.file].append(t)
+    ordered = sorted(per_file.items(), key=lambda kv: -sum(t.seconds for t in kv[1]))
+    lines += ["", f"time per file ({min(files, len(ordered))} of {len(ordered)}):"]
+    lines += _table(([f"{sum(t.seconds for t in ts):.1f}", str(len(ts)),
+                      str(sum(t.tf_processes or 0 for t in ts)), f] for f, ts in ordered[:files]),
+                    ["s", "tests", "tf", "file"])
+    per_marker: dict[str, list[TestTime]] = defaultdict(list)
+    for t in ran:
+        per_marker[_marker_of(t, known_markers)].append(t)
+    lines += ["", "time per marker:"]
+    lines += _table(([f"{sum(t.seconds for t in ts):.1f}", str(len(ts)), m]
+                     for m, ts in sorted(per_marker.items(), key=lambda kv: -sum(t.seconds for t in kv[1]))),
+                    ["s", "tests", "marker"])
+    return "\n".join(lines)
+
+
+def judge(steps: Sequence[Step], budgets: Budgets | None, probe_s: float | None = None) -> list[Verdict]:
+    """Each step held against its budget, scaled to this host (``probe_s``, else the step's own probe)."""
+    verdicts = []
+    for step in steps:
+        budget = budgets.steps.get(step.name) if budgets else None
+        scale = budgets.scale(step.probe_s if step.probe_s is not None else probe_s) if budgets else 1.0
+        limit = budget.seconds * scale * budgets.fail_factor if budget and budgets else None
+        verdicts.append(Verdict(step.name, step.wall_s, budget.seconds if budget else None, limit, scale))
+    return verdicts
+
+
+def steps_table(steps: Sequence[Step], verdicts: Sequence[Verdict], budgets: Budgets | None) -> str:
+    """The end-of-run table: each step's wall time, status and budget, and the run's total."""
+    rows = []
+    for step, verdict in zip(steps, verdicts):
+        budget = "-" if verdict.budget_s is None else f"{verdict.budget_s:.0f}"
+        limit = "-" if verdict.limit_s is None else f"{verdict.limit_s:.0f}"
+        share = "-" if verdict.budget_s is None else f"{verdict.wall_s / (verdict.budget_s * verdict.scale):.0%}"
+        state = "OVER" if verdict.over else ("failed" if step.status else "ok")
+        rows.append([step.name, f"{step.wall_s:.0f}", budget, share, limit, str(step.status), state])
+    total = sum(s.wall_s for s in steps)
+    lines = _table(rows, ["step", "wall s", "budget s", "of budget", "fails over s", "exit", "state"])
+    total_budget = budgets.total_s if budgets else None
+    scale = max((v.scale for v in verdicts), default=1.0)
+    line = f"total: {total:.0f} s"
+    if total_budget is not None:
+        line += f" of {total_budget:.0f} s"
+    if scale > 1:
+        line += f" (this host {scale:.2f}x slower than the budgets' reference host: budgets scaled by it)"
+    return "\n".join([*lines, line])
+
+
+def budget_line(label: str, wall_s: float, budget: Budget | None, budgets: Budgets | None,
+                probe_s: float | None = None) -> str:
+    """One line for the end of a pytest run: ``quick loop 312 s of its 480 s budget (...)``."""
+    if budget is None or budgets is None:
+        return f"{label}: {wall_s:.0f} s (no budget for it)"
+    scale = budgets.scale(probe_s)
+    line = f"{label}: {wall_s:.0f} s of its {budget.seconds:.0f} s budget ({budgets.path}, [steps.{budget.step}])"
+    if scale > 1:
+        line += f"; this host is {scale:.2f}x slower than the budget's reference host"
+    limit = budget.seconds * scale * budgets.fail_factor
+    if wall_s > limit:
+        line += f"; OVER {limit:.0f} s, where .ci/run fails"
+    return line
