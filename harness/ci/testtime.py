@@ -235,11 +235,13 @@ def _marker_of(test: TestTime, known: Sequence[str]) -> str:
     return ",".join(found) if found else UNMARKED
 
 
-def _table(rows: Iterable[Sequence[str]], header: Sequence[str]) -> list[str]:
+def _table(rows: Iterable[Sequence[str]], header: Sequence[str], left: Sequence[int] = ()) -> list[str]:
+    """Aligned columns: figures to the right; the last column and those in ``left`` to the left."""
     rows = [list(header), *map(list, rows)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    out = ["  ".join(c.rjust(w) if i < len(header) - 1 else c for i, (c, w) in enumerate(zip(r, widths)))
-           for r in rows]
+    last = len(header) - 1
+    out = ["  ".join(c.ljust(w) if i in left else c.rjust(w) if i < last else c
+                     for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
     return out
 
@@ -300,13 +302,13 @@ def steps_table(steps: Sequence[Step], verdicts: Sequence[Verdict], budgets: Bud
         state = "OVER" if verdict.over else ("failed" if step.status else "ok")
         rows.append([step.name, f"{step.wall_s:.0f}", budget, share, limit, str(step.status), state])
     total = sum(s.wall_s for s in steps)
-    lines = _table(rows, ["step", "wall s", "budget s", "of budget", "fails over s", "exit", "state"])
+    lines = _table(rows, ["step", "wall s", "budget s", "of budget", "fails over s", "exit", "state"], left=(0,))
     total_budget = budgets.total_s if budgets else None
     scale = max((v.scale for v in verdicts), default=1.0)
     line = f"total: {total:.0f} s"
     if total_budget is not None:
         line += f" of {total_budget:.0f} s"
-    if scale > 1:
+    if scale > 1.05:  # below: within the probe's own noise
         line += f" (this host {scale:.2f}x slower than the budgets' reference host: budgets scaled by it)"
     return "\n".join([*lines, line])
 
@@ -318,7 +320,7 @@ def budget_line(label: str, wall_s: float, budget: Budget | None, budgets: Budge
         return f"{label}: {wall_s:.0f} s (no budget for it)"
     scale = budgets.scale(probe_s)
     line = f"{label}: {wall_s:.0f} s of its {budget.seconds:.0f} s budget ({budgets.path}, [steps.{budget.step}])"
-    if scale > 1:
+    if scale > 1.05:
         line += f"; this host is {scale:.2f}x slower than the budget's reference host"
     limit = budget.seconds * scale * budgets.fail_factor
     if wall_s > limit:

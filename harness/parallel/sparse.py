@@ -129,24 +129,34 @@ def depends_on_batch(tensor: tf.Tensor, sources: Sequence[tf.Tensor]) -> bool:
         return True
     if tensor.shape.is_fully_defined():  # a device's slice has a batch size known only when the step runs
         return False
-    wanted = {id(s) for s in sources if tf.is_symbolic_tensor(s)}
-    kinds: dict[int, object] = {}
+    wanted = {_key(s) for s in sources if tf.is_symbolic_tensor(s)}
+    kinds: dict[tuple, object] = {}
     stack = [(tensor, False)]
     while stack:
         t, expanded = stack.pop()
-        if id(t) in kinds:
+        key = _key(t)
+        if key in kinds:
             continue
-        if id(t) in wanted or not tf.is_symbolic_tensor(t):  # an eager capture: a constant, a variable's handle
-            kinds[id(t)] = id(t) in wanted
+        if key in wanted or not tf.is_symbolic_tensor(t):  # an eager capture: a constant, a variable's handle
+            kinds[key] = key in wanted
             continue
         outer = _captured(t)
         inputs = list(t.op.inputs) if outer is None else [outer]
         if not expanded:
             stack.append((t, True))
-            stack.extend((i, False) for i in inputs if id(i) not in kinds)
+            stack.extend((i, False) for i in inputs if _key(i) not in kinds)
             continue
-        kinds[id(t)] = kinds[id(outer)] if outer is not None else _kind(t, inputs, [kinds[id(i)] for i in inputs])
-    return kinds[id(tensor)] is True
+        kinds[key] = kinds[_key(outer)] if outer is not None else _kind(t, inputs, [kinds[_key(i)] for i in inputs])
+    return kinds[_key(tensor)] is True
+
+
+def _key(t) -> tuple:
+    """A tensor's identity for the walk: its graph and name. Not ``id(t)``: a tensor object met once may be freed
+    and its id taken by another, which the walk would then take for one already seen (and a tensor met again
+    through another wrapper object would be walked again)."""
+    if tf.is_symbolic_tensor(t):
+        return id(t.graph), t.name
+    return "eager", id(t)
 
 
 def _captured(t):

@@ -114,15 +114,16 @@ def _compare(k, devices, name, method, ratios=(1, 3), **kwargs):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.extended] if n == "masked_sequence" else [])
                                   for n in BUILDERS])  # masked_sequence's 15-20 s a case: extended
-def test_models_people_train_are_exact(logical_devices, any_keras, name, method):
+def test_models_people_train_are_exact(logical_devices, any_keras, name, method, shared_runs):
+    kept = shared_runs(any_keras.__name__, name)  # both methods' cases of a model share its single-device run
     if name == "softmax":
         # Inputs of 30 sigma make large gradients: rounding alone moves the weights by up to 4.9e-6
         # (seed 3; the float64 run puts one device 2.4e-6 and the parallel model 3.6e-6 from it), so
         # the float64 reference judges. The lost logits this case guards against drifted 1.3.
-        report = _compare(any_keras, logical_devices, name, method, reference="float64")
+        report = _compare(any_keras, logical_devices, name, method, reference="float64", single_runs=kept)
         assert report.verdict() != "FAIL", f"{name}, {method}: {report.verdict()}\n{report.table()}"
         return
-    report = _compare(any_keras, logical_devices, name, method)
+    report = _compare(any_keras, logical_devices, name, method, single_runs=kept)
     assert report.is_equivalent(1e-6), f"{name}, {method}:\n{report.table()}"
 
 
