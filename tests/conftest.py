@@ -10,7 +10,7 @@ generation an environment lacks with the reason. Tests that are Keras 3 only by 
 Timing tests on emulated devices take their rates from the ``emulation``
 fixture: an emulated device is only an emulation while the host computes its
 slice faster than the emulated time (``harness.emulate``), so they take their
-rates from a calibration of this host, made once per test process while
+rates from a calibration of this host, made once per test run while
 whatever else runs beside the suite runs: each test scales its nominal rates
 down, when needed, to a quarter of what the host sustained. Their assertions
 compare figures measured within one run, and each run must say it was not
@@ -19,12 +19,11 @@ host-bound, so a machine too slow even for that fails with the reason.
 
 import json
 import os
-import subprocess
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pytest
+from tf_zygote import ENV, python
 
 pytest_plugins = ["harness.pytest_plugin"]  # opt-in: installing harness loads it nowhere else
 
@@ -40,10 +39,20 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # before harness' plugin skips the extended tests this run did not select
 def pytest_collection_modifyitems(config, items):
+    """A grid test repeats one mechanism over its axes (models, splits, optimizers). Its Keras 3 cases all run in
+    the quick loop; of its Keras 2 cases (``any_keras``' keras2) the quick loop runs one per method (the first
+    collected: the Keras 2 adapter's path for that method), and the others are extended tests (``.ci/run``'s
+    extended step, and the tf215 env in slow.yml). ``keras2_extended`` makes every Keras 2 case of a test extended.
+    """
+    kept = set()
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("any_keras") == "keras2" and item.get_closest_marker("keras2_extended") is not None:
+        if params.get("any_keras") != "keras2" or item.get_closest_marker("extended") is not None:
+            continue
+        representative = (item.nodeid.split("[")[0], params.get("method"))
+        if item.get_closest_marker("keras2_extended") is not None or representative in kept:
             item.add_marker(pytest.mark.extended)
+        kept.add(representative)
 
 
 @pytest.fixture(scope="session")
@@ -107,10 +116,26 @@ class Emulation:
 
 
 @pytest.fixture(scope="session")
-def emulation() -> Emulation:
-    """``harness calibrate`` of this host, once per test process (xdist worker)."""
-    done = subprocess.run([sys.executable, "-m", "harness", *CALIBRATE], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+def emulation(tmp_path_factory) -> Emulation:
+    """``harness calibrate`` of this host, once per test run: the first xdist worker that needs it calibrates
+    while the suite runs beside it, the others read its figures (the recipe pytest-xdist gives for session data)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return _calibrate()
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent / f"emulation-{run}.json"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shared.exists():
+            return Emulation(**json.loads(shared.read_text()))
+        emulation = _calibrate()
+        shared.write_text(json.dumps({"sustained": emulation.sustained, "outside_ms": emulation.outside_ms}))
+        return emulation
+
+
+def _calibrate() -> Emulation:
+    done = python(["-m", "harness", *CALIBRATE], timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     (entry,) = json.loads(done.stdout)["result"]["workloads"]
     print(f"calibration: {entry['sustained_rate']:.0f} samples/s per device sustained, "

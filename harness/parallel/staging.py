@@ -127,10 +127,14 @@ class Stager:
         return pending[0] is iterator
 
     def drain(self) -> None:
-        """Waits for a staging under way and drops what it staged (``fit`` ends)."""
+        """Waits for a staging under way, drops what it staged and ends the staging thread (``fit`` ends): a
+        process that fits many models keeps no idle thread per model (the next fit starts one again)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             _settle(pending[1])
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
 
     def _stage_batch(self, iterator):
         """The iterator's next batch, its input cut and on the devices: ``(staged, y, sample_weight)``."""

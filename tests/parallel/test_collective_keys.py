@@ -11,7 +11,7 @@ batch's predictions through a collective.
 """
 
 import pytest
-from tf_process import ENV
+from tf_zygote import ENV, python
 
 _SCRIPT = """
 import sys
@@ -58,11 +58,7 @@ assert all(np.isfinite(losses)), losses
 
 
 def _run(*args):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-c", _SCRIPT, *args], capture_output=True, text=True, timeout=600,
-                          env=ENV)
+    return python(["-c", _SCRIPT, *args], timeout=600, env=ENV)
 
 
 @pytest.mark.extended
@@ -110,11 +106,7 @@ def test_stock_baselines_over_two_device_sets_train_in_one_process(keys, keras3)
     # The asv suites run the stock baseline on 2 and then 3 devices in one process (benchmarks/throughput.py);
     # with TensorFlow's own keys the second set's first all-reduce aborts. The keras package's Keras 3 (tf_keras
     # 2.21 aborts the same way with TensorFlow's keys; TF 2.15's own Keras 2, tox's tf215, is not checked here).
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", _STOCK_SCRIPT, keys], capture_output=True, text=True, timeout=600,
-                          env=ENV)
+    done = python(["-c", _STOCK_SCRIPT, keys], timeout=600, env=ENV)
     if keys == "harness-keys":
         assert done.returncode == 0, done.stderr[-3000:]
         assert "losses" in done.stdout

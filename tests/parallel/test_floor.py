@@ -117,9 +117,9 @@ def test_a_dropped_mask_fails(logical_devices, keras3):
 
 
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
-def test_a_chaotic_but_correct_net_is_as_accurate_as_one_device(logical_devices, keras3, method):
+def test_a_chaotic_but_correct_net_is_as_accurate_as_one_device(logical_devices, keras3, method, shared_runs):
     """A deep ReLU net at a high learning rate: rounding grows far beyond 1e-6 in every float32 run, the parallel
-    one within a few times the floor, and the float64 pair agree."""
+    one within a few times the floor, and the float64 pair agree. The methods share the single-device runs."""
     k = keras3
     x, y = _data()
 
@@ -130,7 +130,8 @@ def test_a_chaotic_but_correct_net_is_as_accurate_as_one_device(logical_devices,
     report = harness.compare_training(
         build, x, y, devices=logical_devices[:2], ratios=[3, 2], method=method, batch_size=16, epochs=12,
         optimizer=lambda: k.optimizers.SGD(0.5, momentum=0.9),
-        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), reference="float64")
+        loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), reference="float64",
+        single_runs=shared_runs("chaotic", k.__name__))
     assert report.max_deviation > 1e-5 and report.floor > 1e-5, report.summary()  # rounding, amplified
     assert report.verdict() == "as accurate as one device", report.summary()
 

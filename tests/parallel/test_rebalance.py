@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from tf_process import ENV
+from tf_zygote import ENV, python
 
 _THROTTLED = """
 import json, sys, harness
@@ -43,8 +41,7 @@ print(json.dumps({"status": r["status"], "sps": [w["samples_per_second"] for w i
 
 def _throttled(method: str, every: int | None, factor: float) -> dict:
     """Device 1 of two emulated 1000 samples/s devices drops to 400 before step 7 (counted from 0); rates x factor."""
-    done = subprocess.run([sys.executable, "-c", _THROTTLED, method, str(every or "none"), repr(factor)],
-                          capture_output=True, text=True, timeout=300, env=ENV)
+    done = python(["-c", _THROTTLED, method, str(every or "none"), repr(factor)], timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     run = json.loads(done.stdout.strip().splitlines()[-1])
     print(method, every, factor, [round(s) for s in run["sps"]], run["batches"])  # the figures, shown with -s
@@ -113,8 +110,7 @@ print(json.dumps({"deviation": report.max_deviation, "steps": [report.steps, reb
 @pytest.mark.timing
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
 def test_auto_ratios_tune_the_split_while_training_and_stay_exact(any_keras, method):
-    done = subprocess.run([sys.executable, "-c", _AUTO, any_keras.__name__, method], capture_output=True, text=True,
-                          timeout=300, env=ENV)
+    done = python(["-c", _AUTO, any_keras.__name__, method], timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["callback"]  # the built-in rebalancer is a callback of the model's Keras
@@ -132,9 +128,9 @@ def test_harness_run_rebalance_and_throttle_options(tmp_path, emulation):
     f = emulation.factor(4000)
     rate, throttled = emulation.scale(4000, 1000)
     env = {**ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "--emulate", f"{rate},{rate}", "--batch", "200",
-                           "--rebalance", "3", "--throttle", f"1:{throttled}@4", "--seconds", f"{0.4 / f:.3f}",
-                           "--windows", "4"], capture_output=True, text=True, timeout=300, env=env)
+    done = python(["-m", "harness", "run", "--emulate", f"{rate},{rate}", "--batch", "200", "--rebalance", "3",
+                "--throttle", f"1:{throttled}@4", "--seconds", f"{0.4 / f:.3f}", "--windows", "4"],
+                  timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HOST-BOUND" not in done.stdout, done.stdout[-3000:]
     assert f"rebalancing every 3 steps; device 1 to {throttled} samples/s at step 4" in done.stdout

@@ -59,6 +59,10 @@ def test_a_staged_fit_trains_like_an_unstaged_one(logical_devices, any_keras, me
         assert _close(staged[0], plain[0], exact=method == "towers"), (staged[0], plain[0])
         for a, b in zip(staged[1], plain[1]):
             np.testing.assert_allclose(a, b, rtol=0 if method == "towers" else 1e-5, atol=0)
+    import threading
+
+    # The staging thread ends with its fit: a process fitting many models kept one idle thread per model before.
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("harness-staging")]
 
 
 @pytest.mark.extended  # the quick loop keeps the comparison; its planted defects run in the deeper half

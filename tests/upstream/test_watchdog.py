@@ -7,11 +7,10 @@ harness/parallel/collective.py).
 """
 
 import io
-import subprocess
-import sys
 import time
 
 import pytest
+from tf_zygote import ENV, python
 
 from harness.watchdog import EXIT_STATUS, Watchdog
 
@@ -55,7 +54,7 @@ def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout(any_ker
     # A Keras 3 model, then a Keras 2 one (the plugin's any_keras fixture), each in its own process.
     module = any_keras.__name__
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", HANG, module], capture_output=True, text=True, timeout=240)
+    proc = python(["-c", HANG, module], timeout=240, env=ENV)
     took = time.monotonic() - start
     assert proc.returncode == EXIT_STATUS, (proc.returncode, proc.stderr[-3000:])
     assert "finished" not in proc.stdout

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from tf_zygote import ENV, python
 
 from harness.bench import zoo
 from harness.cli import main
@@ -17,9 +18,7 @@ def test_check_zoo_prints_json_rows_and_progress(tmp_path, any_keras):
     generation = any_keras.__version__.split(".")[0]  # --keras: the generation any_keras gives (TF 2.15's or tf_keras)
     args = ["check", "--zoo", "--zoo-models", *MODELS, "--methods", "towers", "--zoo-splits", "3:2",
             "--keras", generation, "--format", "json"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HARNESS_RESULTS_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+    done = python(["-m", "harness", *args], timeout=300, env={**ENV, "HARNESS_RESULTS_DIR": str(tmp_path)})
     assert done.returncode in (0, 1), done.stderr[-4000:]
     data = json.loads(done.stdout)
     rows = data["rows"]
@@ -44,9 +43,7 @@ def test_check_zoo_runs_the_optimizer_axis_alone_when_it_is_chosen(tmp_path, ker
     outcomes): skipped where the keras package is Keras 2 (the CLI refuses ``--keras 3`` there)."""
     args = ["check", "--zoo", "--zoo-axis-models", "mlp", "--zoo-optimizers", "adam", "sgd", "--zoo-options",
             "global_clipnorm", "--methods", "mirrored"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HARNESS_RESULTS_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+    done = python(["-m", "harness", *args], timeout=300, env={**ENV, "HARNESS_RESULTS_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
     lines = done.stdout.splitlines()
     assert lines[0].split()[:4] == ["model", "optimizer", "keras", "method"]

@@ -1,0 +1,60 @@
+"""The test suite's TensorFlow zygote (tests/tf_zygote.py): a forked run is the run a plain process gives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from tf_zygote import ENV, _zygotes, forking, python
+
+pytestmark = pytest.mark.skipif(not forking(), reason="the zygote forks: Linux hosts, HARNESS_TEST_NO_ZYGOTE unset")
+
+
+def test_a_forked_run_has_the_streams_status_argv_cwd_and_environment_of_python_c(tmp_path):
+    code = ("import os, sys; print('out', sys.argv[1:], os.getcwd(), os.environ['HARNESS_RESULTS_DIR']); "
+            "print('err', file=sys.stderr); print(__name__, 'tensorflow' in globals()); sys.exit(3)")
+    env = {**ENV, "HARNESS_RESULTS_DIR": str(tmp_path)}
+    forked = python(["-c", code, "a", "b"], env=env, cwd=str(tmp_path), timeout=120)
+    plain = subprocess.run([sys.executable, "-c", code, "a", "b"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=120)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    assert forked.stdout == f"out ['a', 'b'] {tmp_path} {tmp_path}\n__main__ False\n"
+    assert _zygotes, "the run was not forked"
+
+
+def test_an_uncaught_exception_is_a_traceback_and_exit_1_and_each_run_sets_up_its_own_devices():
+    failed = python(["-c", "raise ValueError('named')"], env=ENV, timeout=120)
+    assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: named")
+    code = ("import sys, harness; devices = harness.use_logical_devices(int(sys.argv[1])); "
+            "import tensorflow as tf; print(len(tf.config.list_logical_devices('CPU')))")
+    # TensorFlow fixes its devices once per process: a child that inherited a started runtime could not.
+    assert [python(["-c", code, n], env=ENV, timeout=300).stdout.split()[-1] for n in ("3", "2")] == ["3", "2"]
+
+
+def test_the_cli_runs_as_python_m_harness_does(tmp_path):
+    forked = python(["-m", "harness", "run", "--batch", "0"], env=ENV, timeout=300, cwd=str(tmp_path))
+    plain = subprocess.run([sys.executable, "-m", "harness", "run", "--batch", "0"], capture_output=True, text=True,
+                           env=ENV, timeout=300, cwd=tmp_path)
+    assert forked.returncode == plain.returncode == 2
+    assert forked.stderr == plain.stderr and "--batch" in forked.stderr
+
+
+def test_a_timeout_kills_the_run_and_what_it_started_and_the_zygote_serves_on():
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "print('started', flush=True); time.sleep(60)"
+    began = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as timeout:
+        python(["-c", code], env=ENV, timeout=5)
+    assert time.monotonic() - began < 30
+    assert "started" in timeout.value.stdout
+    assert python(["-c", "print(1)"], env=ENV, timeout=120).stdout == "1\n"
+
+
+def test_an_environment_tensorflow_reads_at_import_gets_a_zygote_of_its_own():
+    before = set(map(id, _zygotes.values()))
+    code = "import os; print(os.environ.get('TF_USE_LEGACY_KERAS'))"
+    assert python(["-c", code], env=ENV, timeout=120).stdout == "None\n"
+    assert python(["-c", code], env={**ENV, "TF_USE_LEGACY_KERAS": "1"}, timeout=120).stdout == "1\n"
+    assert len(set(map(id, _zygotes.values())) - before) == 1 + (not before)
