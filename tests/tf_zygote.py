@@ -85,6 +85,7 @@ class _Zygote:
     def __init__(self, env: Mapping[str, str]):
         self.env = dict(env)
         self.lock = threading.Lock()
+        self.pending = b""  # read from the zygote, not yet taken
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      env=self.env, bufsize=0)
 
@@ -92,11 +93,12 @@ class _Zygote:
         return self.proc.poll() is None
 
     def _line(self, deadline: float | None) -> int:
+        """The zygote's next reply line (a pid, then an exit status). Both may come in one read where the child
+        ends at once: what follows the first line is kept for the next call."""
         import time
 
         out = self.proc.stdout
-        data = b""
-        while not data.endswith(b"\n"):
+        while b"\n" not in self.pending:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready, _, _ = select.select([out], [], [], wait)
             if not ready:
@@ -104,8 +106,9 @@ class _Zygote:
             chunk = os.read(out.fileno(), 64)
             if not chunk:
                 raise RuntimeError(f"the TensorFlow zygote exited ({self.proc.wait()})")
-            data += chunk
-        return int(data)
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return int(line)
 
     def run(self, job: dict, timeout: float | None) -> int:
         import time

@@ -27,6 +27,8 @@ def test_a_forked_run_has_the_streams_status_argv_cwd_and_environment_of_python_
 def test_an_uncaught_exception_is_a_traceback_and_exit_1_and_each_run_sets_up_its_own_devices():
     failed = python(["-c", "raise ValueError('named')"], env=ENV, timeout=120)
     assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: named")
+    # A child that ends at once: its pid and its status may reach the test process in one read.
+    assert [python(["-c", f"raise SystemExit({n})"], env=ENV, timeout=120).returncode for n in range(5)] == [*range(5)]
     code = ("import sys, harness; devices = harness.use_logical_devices(int(sys.argv[1])); "
             "import tensorflow as tf; print(len(tf.config.list_logical_devices('CPU')))")
     # TensorFlow fixes its devices once per process: a child that inherited a started runtime could not.
