@@ -230,11 +230,6 @@ def probe_host(repeats: int = PROBE_REPEATS) -> float:
     return best
 
 
-def _marker_of(test: TestTime, known: Sequence[str]) -> str:
-    found = [m for m in test.markers if m in known] if known else list(test.markers)
-    return ",".join(found) if found else UNMARKED
-
-
 def _table(rows: Iterable[Sequence[str]], header: Sequence[str], left: Sequence[int] = ()) -> list[str]:
     """Aligned columns: figures to the right; the last column and those in ``left`` to the left."""
     rows = [list(header), *map(list, rows)]
@@ -247,9 +242,10 @@ def _table(rows: Iterable[Sequence[str]], header: Sequence[str], left: Sequence[
 
 
 def step_report(name: str, tests: Sequence[TestTime], wall_s: float | None = None, *, top: int = 25,
-                files: int = 15, known_markers: Sequence[str] = ()) -> str:
+                files: int = 15) -> str:
     """The time of one step: its wall time, the ``top`` slowest tests, the time per file and per marker, and
-    the TensorFlow processes its tests started (where harness' plugin counted them)."""
+    the TensorFlow processes its tests started (where harness' plugin counted them). A test's markers are those
+    harness' plugin wrote for it (its own markers only)."""
     ran = [t for t in tests if t.outcome != "skipped"]
     total = sum(t.seconds for t in tests)
     counted = [t.tf_processes for t in tests if t.tf_processes is not None]
@@ -273,7 +269,7 @@ def step_report(name: str, tests: Sequence[TestTime], wall_s: float | None = Non
                     ["s", "tests", "tf", "file"])
     per_marker: dict[str, list[TestTime]] = defaultdict(list)
     for t in ran:
-        per_marker[_marker_of(t, known_markers)].append(t)
+        per_marker[",".join(t.markers) or UNMARKED].append(t)
     lines += ["", "time per marker:"]
     lines += _table(([f"{sum(t.seconds for t in ts):.1f}", str(len(ts)), m]
                      for m, ts in sorted(per_marker.items(), key=lambda kv: -sum(t.seconds for t in kv[1]))),

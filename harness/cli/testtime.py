@@ -25,9 +25,6 @@ from harness.errors import InvalidValue
 
 __all__ = ["add_parser", "run"]
 
-KNOWN_MARKERS = ("gpu", "multi_gpu", "slow", "docker", "timing", "zoo", "extended", "browser")
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("test-time", help="where a test run's time went; CI steps against their budget",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,7 +50,7 @@ def run(args) -> int:
     if not args.junit and not args.steps:
         raise InvalidValue("give JUnit files, or --steps FILE (what .ci/run recorded)")
     budgets = testtime.read_budgets(args.budget) if args.budget else None
-    show = dict(top=args.top, files=args.files, known_markers=KNOWN_MARKERS)
+    show = dict(top=args.top, files=args.files)
     for path in args.junit:
         print(testtime.step_report(Path(path).stem, testtime.read_junit(path), **show), end="\n\n")
     if not args.steps:

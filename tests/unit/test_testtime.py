@@ -53,7 +53,7 @@ def test_a_junit_file_gives_each_tests_time_markers_and_processes(files):
         ("demo/parallel/test_a.py::test_fast", "demo/parallel/test_a.py", "passed", (), 0),
         ("demo/unit/test_b.py::TestGroup::test_failing", "demo/unit/test_b.py", "failed", (), None),
         ("demo/unit/test_b.py::test_skipped", "demo/unit/test_b.py", "skipped", (), None)]
-    report = testtime.step_report("quick", tests, 9.0, top=2, known_markers=["timing"])
+    report = testtime.step_report("quick", tests, 9.0, top=2)
     assert report.splitlines()[0] == ("quick: 3 tests ran (1 failed, 2 passed, 1 skipped), 16 s of test time in 9 s "
                                       "wall; TensorFlow processes started: 2")
     assert "the 2 slowest tests:" in report and "test_fast" not in report.split("time per file")[0]
