@@ -9,6 +9,7 @@ devices have no per-device measurement and say so.
 
 from __future__ import annotations
 
+import gc
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -196,6 +197,11 @@ def train_windows(
     finally:
         if emulator is not None:
             emulator.waiting = True
+        if config.method == RunMethod.KERAS:
+            # Keras' fit under a MirroredStrategy leaves its distributed input (a MultiDeviceIterator) in a
+            # reference cycle: collected here, outside every window, it takes a fraction of a second; left to the
+            # collector, its destruction held a later traced step 20-40 s in the test suite (tests/conftest.py).
+            gc.collect()
     result["status"] = "complete"
     result["summary"] = _summary(result["windows"])
     if not check_input:
