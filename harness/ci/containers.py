@@ -9,9 +9,10 @@ Only builds go through the ``docker`` command line: the SDK has no BuildKit (its
 ``images.build`` is the classic builder, which cannot read the Dockerfile's ``RUN --mount``)
 and no ``buildx bake``.
 
-Where no engine answers, a private ``dockerd`` is started on its own socket and data root (vfs
-storage, no iptables, no bridge: what works inside an unprivileged sandbox), and stopped and
-deleted afterwards.
+Where no engine answers, a private ``dockerd`` is started on its own socket and data root (overlay2
+storage where the kernel allows it, else vfs; no iptables, no bridge: what works inside an unprivileged
+sandbox), and stopped afterwards; ``harness docker`` keeps its data root between runs, so that the next
+build takes its unchanged layers from the cache, as a long-running engine would.
 
 Every API call of the SDK client may wait ``api_timeout()`` seconds for the engine: 300 by
 default, ``HARNESS_DOCKER_TIMEOUT`` otherwise. An engine on vfs storage copies an image's whole
@@ -48,7 +49,8 @@ from harness.extras import require
 
 __all__ = ["Engine", "sdk", "api_timeout", "API_TIMEOUT_S", "connect", "find_engine", "start_engine", "engine_version",
            "apt_mirror",
-           "ensure_cpu_base", "fill_wheelhouse", "build_image", "image_facts", "remove_image", "run_in_image",
+           "ensure_cpu_base", "fill_wheelhouse", "build_image", "prune_build_cache", "STORAGE_DRIVERS",
+           "image_facts", "remove_image", "run_in_image",
            "DEBIAN_BASE_TAG"]
 
 DEBIAN_BASE_TAG = "harness-base:bookworm"
@@ -177,6 +179,9 @@ class Engine:
     root: Path | None = None
     process: subprocess.Popen | None = field(default=None, repr=False)
     api: Any = field(default=None, repr=False)
+    keep_data: bool = False  # a started engine's data root (images, layer cache) outlives it
+    driver: str | None = None  # a started engine's storage driver
+    lock: Any = field(default=None, repr=False)  # the open lock file on its root
 
     @property
     def address(self) -> str:
@@ -222,7 +227,8 @@ class Engine:
             return code, tail
 
     def stop(self) -> None:
-        """Closes the SDK client; stops an engine this process started and deletes its data root.
+        """Closes the SDK client; stops an engine this process started and deletes its data root (kept with
+        ``keep_data``).
 
         Leaves engines it did not start alone.
         """
@@ -243,7 +249,15 @@ class Engine:
             run = self.root / "run"
             if run.is_symlink():
                 shutil.rmtree(run.resolve(), ignore_errors=True)
-            shutil.rmtree(self.root, ignore_errors=True)
+            if self.keep_data:
+                for child in self.root.iterdir():
+                    if not child.name.startswith("data-") and child.name not in ("lock", "dockerd.log"):
+                        _remove(child)
+            else:
+                shutil.rmtree(self.root, ignore_errors=True)
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
         self.started = False
 
 
@@ -326,13 +340,26 @@ def engine_version(engine: Engine) -> dict[str, str]:
             "os": str(data.get("Os", "?")), "arch": str(data.get("Arch", "?"))}
 
 
-def start_engine(root: Path, log: Log = _quiet, timeout: float = 90) -> Engine:
+# Storage drivers a private engine tries, in order: overlay2 shares an image's layers with its containers (a
+# container of a TensorFlow image starts at once); vfs, which copies every layer, works wherever overlay mounts
+# are refused (an unprivileged sandbox).
+STORAGE_DRIVERS = ("overlay2", "vfs")
+
+
+def start_engine(root: Path, log: Log = _quiet, timeout: float = 90, *, keep_data: bool = False,
+                 drivers: Iterable[str] = STORAGE_DRIVERS) -> Engine:
     """Starts a private ``dockerd`` under ``root`` (socket, data, exec root, pid file, log).
+
+    Each storage driver of ``drivers`` is tried in turn until one comes up. With ``keep_data``, the data root
+    (``root/data-DRIVER``: images, the build's layer cache) outlives the engine, and the next engine started
+    under ``root`` builds from that cache; ``root/lock`` keeps two engines off one data root. Without it the
+    whole of ``root`` is deleted before and after.
 
     The SDK connects to its socket; builds (BuildKit) need the ``docker`` command line too.
 
     Raises:
-        RuntimeError: without the SDK, ``docker``/``dockerd`` or root, or when it does not answer in ``timeout``.
+        RuntimeError: without the SDK, ``docker``/``dockerd`` or root; where another engine holds ``root``; or
+            when it does not answer in ``timeout`` with any driver (the last log lines said).
     """
     sdk()
     missing = [tool for tool, found in (("docker", _candidates()), ("dockerd", shutil.which("dockerd"))) if not found]
@@ -342,34 +369,85 @@ def start_engine(root: Path, log: Log = _quiet, timeout: float = 90) -> Engine:
     if os.geteuid() != 0:
         raise Unavailable("no Docker engine answers, and starting a private dockerd needs root; "
                            "start one yourself and set DOCKER_HOST")
+    drivers = tuple(drivers)
+    if not drivers:
+        raise InvalidValue("start_engine needs at least one storage driver; got none")
     root = Path(root)
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
+    lock = _hold(root / "lock")
+    _unmount_under(root)  # an engine killed before it could stop leaves its mounts
+    for child in root.iterdir():
+        if child.name != "lock" and not (keep_data and child.name.startswith("data-")):
+            _remove(child)
     # Sockets live under the exec root, and a Unix socket path has at most 107 bytes: keep it short.
     run = Path(tempfile.mkdtemp(prefix="harness-dockerd-"))
     (root / "run").symlink_to(run)
     sock = run / "docker.sock"
-    cmd = ["dockerd", "--storage-driver=vfs", "--iptables=false", "--ip6tables=false", "--bridge=none",
-           f"--data-root={root / 'data'}", f"--exec-root={run / 'exec'}", f"--pidfile={run / 'dockerd.pid'}",
-           f"--host=unix://{sock}"]
-    log(f"starting a private engine: {' '.join(cmd)}")
-    with open(root / "dockerd.log", "w") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    engine = Engine(host=f"unix://{sock}", started=True, root=root, process=process)
+    engine = Engine(host=f"unix://{sock}", started=True, root=root, keep_data=keep_data, lock=lock)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
+    log_path = root / "dockerd.log"
+    for driver in drivers:
+        cmd = ["dockerd", f"--storage-driver={driver}", "--iptables=false", "--ip6tables=false", "--bridge=none",
+               f"--data-root={root / f'data-{driver}'}", f"--exec-root={run / 'exec'}",
+               f"--pidfile={run / 'dockerd.pid'}", f"--host=unix://{sock}"]
+        log(f"starting a private engine: {' '.join(cmd)}")
+        with open(log_path, "a") as out:
+            engine.process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while time.monotonic() < deadline and engine.process.poll() is None:
+            client = _reach(engine.host, timeout=5)
+            if client is not None:
+                engine.api, engine.driver = client, driver
+                return engine
+            time.sleep(0.5)
+        if engine.process.poll() is None:  # out of time: no other driver gets a try
             break
-        client = _reach(engine.host, timeout=5)
-        if client is not None:
-            engine.api = client
-            return engine
-        time.sleep(0.5)
-    log_tail = (root / "dockerd.log").read_text(errors="replace").splitlines()[-15:]
+        why = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        log(f"dockerd did not start with the {driver} storage driver (exit {engine.process.returncode}): {why[0]}")
+        _remove(root / f"data-{driver}")  # what a failed start made there, or a data root it could not read
+    log_tail = log_path.read_text(errors="replace").splitlines()[-15:]
     engine.stop()
-    raise Failed(f"the private dockerd did not answer within {timeout:.0f} s; its log ends:\n"
-                       + "\n".join(log_tail))
+    raise Failed(f"the private dockerd did not answer within {timeout:.0f} s (storage drivers tried: "
+                 f"{', '.join(drivers)}); its log ends:\n" + "\n".join(log_tail))
+
+
+def _hold(path: Path) -> Any:
+    """An open file holding an exclusive lock on ``path``, for as long as it stays open.
+
+    Raises:
+        RuntimeError: where another process holds it (naming the folder).
+    """
+    import fcntl
+
+    handle = open(path, "a+")  # noqa: SIM115 - held open until the engine stops
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise Unavailable(f"another private engine uses {path.parent} (it holds {path.name}); wait for it, or give "
+                          "harness docker another --work-dir") from None
+    return handle
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def prune_build_cache(engine: Engine, keep: str = "10GB", log: Log = _quiet) -> None:
+    """``docker builder prune --keep-storage KEEP`` on an engine this process started, keeping its layer cache
+    within ``keep`` (the least recently used goes first); an engine it did not start is left alone.
+
+    Raises:
+        RuntimeError: where the engine refuses (its last output lines said).
+    """
+    if not engine.started:
+        return
+    code, tail = engine.stream(["builder", "prune", "--force", "--keep-storage", keep], log, timeout=600)
+    if code != 0:
+        raise Failed(f"pruning the build cache of the engine at {engine.address} failed (exit {code}): "
+                     + " ".join(tail[-5:]))
 
 
 def apt_mirror(paths: list[Path] | None = None) -> str:
@@ -479,7 +557,11 @@ def _debootstrap(tarball: Path, log: Log) -> None:
 
 
 def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline: bool, log: Log = _quiet) -> Path:
-    """Builds the harness wheel into ``dest``; with ``offline``, also every wheel the image installs.
+    """Builds the harness wheel into ``dest``; with ``offline``, also every other wheel the image installs, into
+    ``deps`` beside it (``dest.parent / "deps"``, the Dockerfile's other mount; made empty where online).
+
+    The dependencies' wheels stay apart from the harness wheel, so the image's dependency layer reads the same
+    files from one commit to the next and comes from the engine's layer cache.
 
     Returns:
         The harness wheel's path.
@@ -492,17 +574,26 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
         raise Unavailable(f"an offline wheelhouse for {entry.name} needs Python {entry.python} on the host "
                            f"to resolve its wheels; this is Python {host}")
     dest.mkdir(parents=True, exist_ok=True)
+    deps = dest.parent / "deps"
+    deps.mkdir(exist_ok=True)
     for old in dest.glob("keras_harness-*.whl"):
         old.unlink()
+    for old in dest.glob("*.whl"):  # an older layout kept the dependencies here: they now live in deps
+        old.replace(deps / old.name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
     _pip(pip + ["wheel", "--no-deps", "--wheel-dir", str(dest), str(repo)], "the harness wheel", log)
     wheel = next(dest.glob("keras_harness-*.whl"))
     if offline:
         args = build_args(entry, variant)
         reqs = [args["TF_REQUIREMENT"]] + ([args["KERAS_REQUIREMENT"]] if args["KERAS_REQUIREMENT"] else [])
-        log(f"filling the wheelhouse {dest} for {' '.join(reqs)} keras-harness[test,bench]")
-        _pip(pip + ["wheel", "--wheel-dir", str(dest), "--find-links", str(dest), *reqs, f"{wheel}[test,bench]"],
-             "the wheelhouse", log)
+        log(f"filling the wheelhouse {deps} for {' '.join(reqs)} keras-harness[test,bench]")
+        _pip(pip + ["wheel", "--wheel-dir", str(deps), "--find-links", str(deps), "--find-links", str(dest), *reqs,
+                    f"{wheel}[test,bench]"], "the wheelhouse", log)
+        for copy in deps.glob("keras_harness-*.whl"):  # pip wheel copies the local wheel too
+            copy.unlink()
+    else:
+        for old in deps.glob("*.whl"):
+            old.unlink()
     return wheel
 
 
@@ -514,10 +605,11 @@ def _pip(cmd: list[str], what: str, log: Log) -> None:
 
 
 def build_image(engine: Engine, dockerfile: Path, context: Path, tag: str, args: dict[str, str],
-                log: Log = _quiet, timeout: float = 3600) -> float:
+                log: Log = _quiet, timeout: float = 3600, *, no_cache: bool = False) -> float:
     """``docker build`` with BuildKit and the host network; returns the build's seconds.
 
-    The one step on the ``docker`` command line: the SDK has no BuildKit equivalent. Its
+    Unchanged steps come from the engine's layer cache (each reads ``#N CACHED`` in the output), unless
+    ``no_cache``. The one step on the ``docker`` command line: the SDK has no BuildKit equivalent. Its
     ``images.build`` is the classic builder, which rejects the Dockerfile's ``RUN --mount``, and it
     has nothing for ``docker buildx bake`` either (the CI workflows bake with the command line too).
 
@@ -525,6 +617,8 @@ def build_image(engine: Engine, dockerfile: Path, context: Path, tag: str, args:
         RuntimeError: with the build's last output lines when it fails.
     """
     cmd = ["build", "--network=host", "--progress=plain", "--file", str(dockerfile), "--tag", tag]
+    if no_cache:
+        cmd.append("--no-cache")
     for key, value in args.items():
         cmd.append(f"--build-arg={key}={value}")
     start = time.perf_counter()

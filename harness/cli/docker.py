@@ -3,8 +3,11 @@
 Drives the engine through the Docker SDK for Python (``pip install 'keras-harness[ci]'``):
 the one ``DOCKER_HOST`` names, else the default socket. Only the build goes through
 the ``docker`` command line (BuildKit, which the SDK lacks). Where no engine answers
-and this is root, starts a private dockerd (vfs, no iptables, own socket and data
-root under ``--work-dir``) and stops and deletes it afterwards. Each call to the engine may
+and this is root, starts a private dockerd (overlay2 storage, else vfs; no iptables; own socket and
+data root under ``--work-dir``) and stops it afterwards. Its data root stays: the next run builds
+from its layer cache (the dependencies' layer is reused while they are unchanged; the cache is
+pruned to 10 GB), as a long-running engine's cache serves builds; ``--no-cache`` builds from
+nothing and deletes it. Each call to the engine may
 take ``HARNESS_DOCKER_TIMEOUT`` seconds (default 300: a vfs engine copies the whole image to
 create a container); one that takes longer fails naming the engine and the timeout.
 Where no registry answers, the Debian base is built with debootstrap. By default
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -54,6 +58,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--keep-image", action="store_true", help="leave the image in the engine")
     p.add_argument("--keep-engine", action="store_true", help="leave a private engine running (prints DOCKER_HOST)")
     p.add_argument("--no-pull", action="store_true", help="never try a registry for the Debian base")
+    p.add_argument("--no-cache", action="store_true",
+                   help="build every layer anew, and keep no private engine's data root (images, layer cache)")
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers in the container (default 2)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
@@ -101,8 +107,9 @@ def _run(args, entry, tag, repo, work, report, wall) -> int:
     engine = containers.find_engine()
     if engine is None:
         _say("no engine answers; starting a private one")
-        engine = containers.start_engine(work / "engine", _log)
+        engine = containers.start_engine(work / "engine", _log, keep_data=not args.no_cache)
     report["engine_started"] = engine.started
+    report["storage"] = engine.driver
     try:
         version = containers.engine_version(engine)
         report["engine_version"] = version["version"]
@@ -134,7 +141,8 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
     start = time.perf_counter()
     containers.fill_wheelhouse(context / "wheelhouse", entry, args.variant, repo, args.offline, _log)
     report["wheelhouse_s"] = round(time.perf_counter() - start, 1)
-    report["wheelhouse_bytes"] = sum(f.stat().st_size for f in (context / "wheelhouse").glob("*.whl"))
+    report["wheelhouse_bytes"] = sum(f.stat().st_size for folder in ("wheelhouse", "deps")
+                                     for f in (context / folder).glob("*.whl"))
     bargs = build_args(entry, args.variant)
     if args.variant == "cpu":
         bargs["BASE_IMAGE"] = containers.ensure_cpu_base(engine, work, bargs["BASE_IMAGE"], _log,
@@ -142,7 +150,22 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
     bargs["OFFLINE"] = "1" if args.offline else "0"
     report["base"] = bargs["BASE_IMAGE"]
     _say(f"building {tag} on {bargs['BASE_IMAGE']}")
-    report["build_s"] = round(containers.build_image(engine, context / "Dockerfile", context, tag, bargs, _log), 1)
+    steps: dict[str, bool] = {}
+
+    def build_log(line: str) -> None:  # counts the build's steps, and those the layer cache gave
+        step = re.match(r"#(\d+) \[\s*\d+/\d+\]", line)
+        if step:
+            steps.setdefault(step.group(1), False)
+        cached = re.match(r"#(\d+) CACHED$", line)
+        if cached and cached.group(1) in steps:
+            steps[cached.group(1)] = True
+        _log(line)
+
+    report["build_s"] = round(containers.build_image(engine, context / "Dockerfile", context, tag, bargs, build_log,
+                                                     no_cache=args.no_cache), 1)
+    report["build_steps"], report["build_steps_cached"] = len(steps), sum(steps.values())
+    if engine.started and not args.no_cache:
+        containers.prune_build_cache(engine, log=_log)
     report.update(containers.image_facts(engine, tag))
     _say(f"smoke: harness env in {tag}")
     code, lines, seconds = containers.run_in_image(engine, tag, ["harness", "env"], gpus=args.variant == "gpu",
@@ -167,13 +190,15 @@ def _print_report(report: dict) -> None:
                       f"{'offline wheelhouse' if report['offline'] else 'online'})"),
             ("versions", f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, Python {report['python']}"),
             ("base", report.get("base", "?")),
-            ("engine", f"{'private dockerd' if report.get('engine_started') else 'existing engine'}, Docker "
+            ("engine", f"{'private dockerd' if report.get('engine_started') else 'existing engine'}"
+                       f"{' (' + report['storage'] + ' storage)' if report.get('storage') else ''}, Docker "
                        f"{report.get('engine_version', '?')}"
                        f"{' (started and stopped here)' if report.get('engine_started') else ''}"),
             ("image size", f"{size / 2**30:.2f} GiB ({size:,} bytes)" if size else "?"),
             ("user", report.get("user") or "root"),
             ("wheelhouse", f"{report.get('wheelhouse_bytes', 0) / 2**20:.0f} MiB in {report.get('wheelhouse_s')} s"),
-            ("build", f"{report.get('build_s')} s"),
+            ("build", f"{report.get('build_s')} s ({report.get('build_steps_cached', '?')} of "
+                      f"{report.get('build_steps', '?')} steps from the layer cache)"),
             ("tests", f"{report.get('tests_summary') or '-'} ({report.get('tests_s', '-')} s in the container)"),
             ("total", f"{report.get('wall_s')} s")]
     print("\n".join(f"{k:<11} {v}" for k, v in rows))

@@ -72,6 +72,23 @@ def test_the_image_builds_offline_smokes_and_passes_the_fast_suite_inside(tmp_pa
             before.stop()
 
 
+def test_a_rebuild_takes_all_but_the_harness_layer_from_the_layer_cache_and_no_cache_takes_none(tmp_path):
+    # Each commit brings a new harness wheel: only its layer is built again; TensorFlow's comes from the cache.
+    def build(*extra: str) -> dict:
+        record = tmp_path / f"build{len(list(tmp_path.glob('*.json')))}.json"
+        proc = subprocess.run([sys.executable, "-m", "harness", "docker", "build", "--entry", _entry().name,
+                               "--json", str(record), *extra], capture_output=True, text=True, timeout=3600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+        return json.loads(record.read_text())
+
+    cold = build("--no-cache")
+    assert cold["build_steps_cached"] == 0 and cold["build_steps"] >= 5
+    build()
+    warm = build()
+    # The apt, user and dependency layers (FROM, the harness layer and what follows it are built).
+    assert warm["build_steps_cached"] == 3, (warm["build_steps_cached"], warm["build_steps"])
+
+
 def test_a_container_streams_its_lines_returns_its_status_and_is_removed(engine):
     base = containers.ensure_cpu_base(engine, CACHE)
     assert engine.client().images.get(base).attrs["Os"] == "linux"

@@ -117,6 +117,63 @@ def test_a_private_engine_that_dies_is_reported_with_its_log(tmp_path, monkeypat
     assert not (tmp_path / "engine").exists()  # what it started is cleaned up
 
 
+# A dockerd that refuses overlay2 as a kernel without overlay mounts does, and otherwise answers the SDK on its
+# socket (ping and version) until SIGTERM, having made its data root.
+_FAKE_DOCKERD = """
+import http.server, json, os, socketserver, sys
+opts = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+if opts["storage-driver"] == "overlay2":
+    print("failed to start daemon: error initializing graphdriver: driver not supported", flush=True)
+    sys.exit(1)
+os.makedirs(opts["data-root"], exist_ok=True)
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        body = b"OK" if self.path.endswith("/_ping") else json.dumps(
+            {"Version": "20.10.24", "ApiVersion": "1.41", "Os": "linux", "Arch": "amd64"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain" if body == b"OK" else "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+Server(opts["host"].removeprefix("unix://"), Answer).serve_forever()
+"""
+
+
+def test_a_private_engine_falls_back_to_vfs_keeps_its_data_root_and_holds_it(tmp_path, monkeypatch, fresh_client,
+                                                                            sdk):
+    (tmp_path / "fake_dockerd.py").write_text(_FAKE_DOCKERD)
+    _fake_tools(tmp_path, monkeypatch, f'exec {sys.executable} {tmp_path / "fake_dockerd.py"} "$@"', uid=0)
+    root, said = tmp_path / "engine", []
+    engine = containers.start_engine(root, said.append, timeout=60, keep_data=True)
+    try:
+        assert engine.driver == "vfs" and containers.engine_version(engine)["version"] == "20.10.24"
+        assert any("did not start with the overlay2 storage driver (exit 1)" in line and "driver not supported" in line
+                   for line in said), said
+        assert not (root / "data-overlay2").exists() and (root / "data-vfs").is_dir()
+        (root / "data-vfs" / "layer").write_text("cached")
+        with pytest.raises(RuntimeError, match=f"^another private engine uses {re.escape(str(root))} "):
+            containers.start_engine(root, timeout=10, keep_data=True)  # two engines on one data root: refused
+    finally:
+        engine.stop()
+    assert engine.process.poll() is not None
+    assert sorted(p.name for p in root.iterdir()) == ["data-vfs", "dockerd.log", "lock"]  # the socket's folder went
+    again = containers.start_engine(root, timeout=60, keep_data=True, drivers=["vfs"])
+    again.stop()
+    assert (root / "data-vfs" / "layer").read_text() == "cached"  # the next engine found the cache
+    containers.start_engine(root, timeout=60, drivers=["vfs"]).stop()
+    assert not root.exists()  # without keep_data nothing stays
+
+
 def test_harness_docker_rejects_an_unknown_entry(capsys):
     assert main(["docker", "build", "--entry", "tf999"]) == 2
     err = capsys.readouterr().err
