@@ -3,8 +3,14 @@
 A :class:`HarnessError` is a failure harness diagnosed itself: its message names the bad value,
 the missing thing or what is not supported, and says what to do. Anything else that escapes
 harness (a ``KeyError``, an error from TensorFlow or Keras that harness did not expect) is a bug
-or an unforeseen case, and the ``harness`` command says so (exit status 1, with the traceback)
-instead of printing it as a usage error (exit status 2).
+or an unforeseen case, and the ``harness`` command says so (with the traceback).
+
+Exit statuses follow pytest's convention (:func:`exit_status`), so that a gate can tell "no verdict" from
+"a regression": ``EXIT_OK`` 0; ``EXIT_VERDICT`` 1, a negative verdict (not equivalent, a regression, a failed
+check); ``EXIT_USAGE`` 2, a usage error or bad input (one line naming the value: :class:`InvalidValue`,
+:class:`InvalidType`, :class:`Refused`, :class:`Unavailable`); ``EXIT_NO_VERDICT`` 3, no verdict: a step that
+failed (:class:`Failed`: a benchmark or asv that crashed, an engine that did not answer, nothing measured where
+something was asked) or an internal error (any other exception, its traceback printed).
 
 Each subclass also derives from the built-in exception it replaces, so ``except ValueError``
 and ``pytest.raises(ValueError)`` still catch an :class:`InvalidValue` or a :class:`Refused`:
@@ -26,7 +32,26 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["HarnessError", "InvalidValue", "InvalidType", "Unavailable", "Failed", "Refused", "NotSupported"]
+__all__ = ["HarnessError", "InvalidValue", "InvalidType", "Unavailable", "Failed", "Refused", "NotSupported",
+           "EXIT_OK", "EXIT_VERDICT", "EXIT_USAGE", "EXIT_NO_VERDICT", "exit_status"]
+
+EXIT_OK = 0
+EXIT_VERDICT = 1  # a negative verdict: not equivalent, a regression, a failed check
+EXIT_USAGE = 2  # a usage error or bad input, one line naming the value
+EXIT_NO_VERDICT = 3  # no verdict: a step that failed (infrastructure) or an internal error (a bug)
+
+
+def exit_status(err: BaseException) -> int:
+    """The exit status for an exception that ends a command: ``EXIT_NO_VERDICT`` for :class:`Failed` and for
+    anything harness did not diagnose, ``EXIT_USAGE`` for every other :class:`HarnessError`.
+
+    Examples:
+        >>> [exit_status(err) for err in (InvalidValue("got ratios=[3, -1]"), Failed("asv failed"), KeyError())]
+        [2, 3, 3]
+    """
+    if isinstance(err, HarnessError) and not isinstance(err, Failed):
+        return EXIT_USAGE
+    return EXIT_NO_VERDICT
 
 
 class HarnessError(Exception):
@@ -48,7 +73,8 @@ class Unavailable(HarnessError, RuntimeError):
 
 class Failed(HarnessError, RuntimeError):
     """A step harness ran failed or cannot go on, diagnosed: a subprocess' exit status, workers that
-    read different checkpoints, TensorFlow initialised before the devices were laid out."""
+    read different checkpoints, TensorFlow initialised before the devices were laid out. No verdict
+    comes of it: the command exits ``EXIT_NO_VERDICT`` (3), never as a negative verdict or a pass."""
 
 
 _REASON = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")

@@ -276,8 +276,9 @@ _GATE_JOB = r"""  bench:
           python-version: ${{ env.PYTHON_VERSION }}
       - name: install harness
         run: eval "$SETUP"
-      # Exit status of harness bench-compare: 0 clean, 1 a benchmark significantly slower, 2 a benchmark errors
-      # on head, 3 nothing could be judged. The summary goes to the job summary and the artifact either way.
+      # Exit status of harness bench-compare: 0 clean, 1 a benchmark significantly slower, 2 bad input, 3 no verdict
+      # (a benchmark errors on head, asv failed, nothing judged): an infrastructure error, never read as a slow-down.
+      # The summary goes to the job summary and the artifact either way.
       - name: harness bench-compare
         run: |
           out="$RUNNER_TEMP/bench"
@@ -294,9 +295,9 @@ _GATE_JOB = r"""  bench:
           case "$status" in
             0) ;;
             1) echo "::error::a benchmark is significantly slower on this pull request (see the summary)" ;;
-            2) echo "::error::a benchmark errors on this pull request's head" ;;
-            3) echo "::error::harness bench-compare could judge no benchmark" ;;
-            *) echo "::error::harness bench-compare failed (exit ${status})" ;;
+            2) echo "::error::no verdict: harness bench-compare was given bad input (its message is above)" ;;
+            3) echo "::error::no verdict, an infrastructure error (see the summary and the log), not a slow-down" ;;
+            *) echo "::error::no verdict: harness bench-compare ended with exit ${status}" ;;
           esac
           exit "$status"
       - name: collect asv results
@@ -323,7 +324,8 @@ _GATE_IF = f"""    if: >-
 
 _GATE_HEAD = f"""# The benchmark gate on a pull request (written by `harness init`): `harness bench-compare` runs
 # the asv suites of benchmarks/ on the PR's base and head, in interleaved rounds, and fails on a significant slow-down
-# (exit 1), a benchmark that errors on head (2), or nothing judged (3). Its Markdown summary goes to the job
+# (exit 1), or with no verdict (3: a benchmark that errors on head, asv failing, nothing judged), said to be an
+# infrastructure error and never a slow-down. Its Markdown summary goes to the job
 # summary and, with the asv results, to the `{BENCH_ARTIFACT}` artifact; harness-bench-comment.yml posts it on the PR.
 #
 # Label-gated: only PRs carrying the `{BENCH_LABEL}` label run it (people with triage/write access add labels). It
@@ -512,7 +514,7 @@ _NIGHTLY_JOBS = r"""  bench:
           if-no-files-found: ignore
           retention-days: 7
       # harness regressions: exit 1 when a regression newer than SINCE_DAYS exists (the report job decides
-      # what to open), > 1 on an error.
+      # what to open); 2 (bad input) or 3 (no verdict) stop the night, said to be no regression.
       - name: find regressions
         run: |
           out="$RUNNER_TEMP/regressions"
@@ -523,7 +525,10 @@ _NIGHTLY_JOBS = r"""  bench:
           status=0
           harness regressions "${args[@]}" --markdown "$out/summary.md" --json > "$out/regressions.json" \
             || status=$?
-          if [ "$status" -gt 1 ]; then exit "$status"; fi
+          if [ "$status" -gt 1 ]; then
+            echo "::error::no verdict: harness regressions could not read the history (exit ${status}): no regression"
+            exit "$status"
+          fi
           cat "$out/summary.md" >> "$GITHUB_STEP_SUMMARY"
       # After the results were collected: the probes' results stay out of the history. At most BISECT_MAX new
       # regressions whose range spans several commits, each time-boxed; bisect-<index>.json per regression.
@@ -538,7 +543,7 @@ _NIGHTLY_JOBS = r"""  bench:
             params="$(jq -r .params <<< "$reg")"
             if [ -n "$params" ]; then args+=(--params "$params"); fi
             timeout 45m harness bisect "${args[@]}" --mode virtualenv --machine "$ASV_MACHINE" --json \
-              > "$out/bisect-$index.json" || echo "bisect of regression $index: exit $?"
+              > "$out/bisect-$index.json" || echo "bisect of regression $index: exit $? (1: not worse; 3: no verdict)"
           done
       - uses: @@UPLOAD_ARTIFACT@@
         with:
@@ -691,8 +696,9 @@ _BRANCH_INPUT = ("branch", "the branch benchmarked: the bench job runs only on i
 
 _REUSABLE_GATE_HEAD = """# Reusable: the benchmark gate of a repository that adopted harness (`harness init --reusable
 # OWNER/REPO@SHA` writes a harness-bench.yml that calls this file, pinned by commit). `harness bench-compare`
-# runs the caller's asv suites on the pull request's base and head and fails on a significant slow-down (exit 1),
-# a benchmark that errors on head (2) or nothing judged (3); the summary goes to the job summary and, with the
+# runs the caller's asv suites on the pull request's base and head and fails on a significant slow-down (exit 1), or
+# with no verdict (3: a benchmark that errors on head, asv failing, nothing judged: an infrastructure error, never a
+# slow-down); the summary goes to the job summary and, with the
 # asv results and the PR number, to the `harness-bench` artifact (the caller's harness-bench-comment.yml posts
 # it). The job reads only (contents: read); the caller decides when it runs (label-gated, never
 # pull_request_target). Rendered by harness.ci.adopt.reusable_workflows(); tests/unit/test_adopt_ci.py checks

@@ -18,9 +18,10 @@ improvement. The gate reads the saved results itself and applies one rule:
   **unjudged**: one sample has no spread to compare against;
 - a benchmark that ran on base and fails on head is an **error**.
 
-Exit status: 0 clean, 1 some benchmark worse, 2 some benchmark errored (errors
-win), 3 nothing could be judged. ``markdown`` renders a summary fit for a
-pull-request comment.
+Exit status (``harness.errors``' convention): 0 clean, 1 some benchmark worse, 3 no verdict: some benchmark
+errored on head (errors win: a crash is never read as a pass, nor as a slow-down), or nothing was judged (no
+benchmark compared, or every one skipped or with a single value). ``markdown`` renders a summary fit for a
+pull-request comment, its first line naming the cause.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from enum import Enum
 
 from harness.ci.asvresults import Key, Measurement, is_skipped
 from harness.ci.noise import relative_noise
-from harness.errors import InvalidValue
+from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "higher_is_better", "judge", "judge_rounds", "is_borderline",
            "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K"]
@@ -280,21 +281,28 @@ def judge_all(rounds: Rounds, factor: float = 1.1, k: float = NOISE_K,
 
 
 def exit_status(rows: list[Row]) -> int:
-    """2 if a benchmark errored on head, else 1 if one got worse, else 3 if none was judged, else 0."""
-    if any(r.verdict is Verdict.ERROR for r in rows):
-        return 2
-    if any(r.verdict is Verdict.WORSE for r in rows):
-        return 1
-    unjudged = [r for r in rows if r.verdict is Verdict.UNJUDGED]
-    return 3 if unjudged and len(unjudged) == len(rows) else 0
+    """``EXIT_NO_VERDICT`` (3) if a benchmark errored on head or none was judged, else ``EXIT_VERDICT`` (1) if one
+    got worse, else 0."""
+    return EXIT_NO_VERDICT if _no_verdict(rows) else EXIT_VERDICT if any(r.verdict is Verdict.WORSE for r in rows) \
+        else EXIT_OK
+
+
+def _no_verdict(rows: list[Row]) -> str | None:
+    """Why ``rows`` give no verdict (one line), or None where they give one."""
+    errors = [r for r in rows if r.verdict is Verdict.ERROR]
+    if errors:
+        return f"{len(errors)} benchmark{'s' * (len(errors) > 1)} failed on head"
+    if not any(r.verdict in (Verdict.WORSE, Verdict.BETTER, Verdict.SAME, Verdict.FIXED) for r in rows):
+        return "no benchmark was compared" if not rows else "no benchmark judged (skipped, or one value a side)"
+    return None
 
 
 def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
     """A pull-request comment: verdict line, then the table (worse and errors first)."""
-    status = exit_status(rows)
+    status, why = exit_status(rows), _no_verdict(rows)
     counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
-    head_line = {0: ":white_check_mark: No benchmark got worse", 1: ":x: Performance regression",
-                 2: ":boom: Benchmark errors", 3: ":grey_question: Nothing judged"}[status]
+    head_line = {EXIT_OK: ":white_check_mark: No benchmark got worse", EXIT_VERDICT: ":x: Performance regression",
+                 EXIT_NO_VERDICT: f":grey_question: No verdict, an infrastructure error: {why}"}[status]
     lines = [f"### {head_line}: `{head[:12]}` vs `{base[:12]}` (factor {factor:g})", "",
              ", ".join(f"{counts[v]} {v.value}" for v in Verdict if counts[v]) or "no benchmarks compared", ""]
     order = [Verdict.ERROR, Verdict.WORSE, Verdict.BETTER, Verdict.FIXED, Verdict.UNJUDGED, Verdict.SAME,

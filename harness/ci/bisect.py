@@ -37,7 +37,7 @@ from harness.ci import asvresults, benchgate
 from harness.ci.asvrun import AsvProject
 from harness.ci.gitrepo import commits_between, rev_parse, subject
 from harness.ci.noise import relative_noise
-from harness.errors import Failed, InvalidValue
+from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue
 
 __all__ = ["Verdict", "Target", "Probe", "Report", "resolve_target", "search", "run_bound", "bisect"]
 
@@ -111,9 +111,10 @@ class Report:
 
     @property
     def status(self) -> int:
-        """0: the first bad commit was found; 1: BAD is not worse than GOOD beyond the threshold; 2: an error."""
+        """0: the first bad commit was found; 1: BAD is not worse than GOOD beyond the threshold; 3: no verdict,
+        a benchmark failed on a probe (``harness.errors.EXIT_NO_VERDICT``)."""
         if self.error is not None:
-            return 2
+            return EXIT_NO_VERDICT
         return 0 if self.first_bad is not None else 1
 
     @property
@@ -227,7 +228,7 @@ def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str
         progress: called with the report so far and each probe as it completes.
 
     Returns:
-        The report; ``status`` 0 found, 1 BAD not worse than GOOD, 2 a benchmark failed on a probe.
+        The report; ``status`` 0 found, 1 BAD not worse than GOOD, 3 a benchmark failed on a probe (no verdict).
 
     Raises:
         ValueError: bad input (commits, benchmark, parameters, factor).

@@ -1,10 +1,11 @@
 """The ``harness`` command line. Subcommands live in their own modules.
 
-Exit statuses: 0 success; 1 a check or run that failed (the subcommand's own verdict), or an
-internal error of harness (any exception it did not diagnose: its traceback, and a line asking to
-report it); 2 a usage error (argparse) or a ``harness.errors.HarnessError`` (a bad option value,
-something missing, a refusal: one line ``harness COMMAND: error: MESSAGE``; ``--debug`` shows its
-traceback instead).
+Exit statuses, pytest's convention (``harness.errors.exit_status``): 0 success; 1 a negative verdict (the
+subcommand's own: not equivalent, a regression, a failed check); 2 a usage error (argparse) or bad input
+(``InvalidValue``, ``InvalidType``, ``Refused``, ``Unavailable``: one line ``harness COMMAND: error: MESSAGE``);
+3 no verdict: a step that failed (``Failed``: one line, ``harness COMMAND: error: MESSAGE (no verdict)``) or an
+internal error of harness (any exception it did not diagnose: its traceback, and a line asking to report it).
+``--debug`` shows the traceback of every error instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import traceback
 
 from harness import __version__
-from harness.errors import HarnessError
+from harness.errors import EXIT_NO_VERDICT, HarnessError, exit_status
 
 __all__ = ["main"]
 
@@ -43,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="harness",
         description="Exact ratio-split data parallelism for Keras: equivalence checks, throughput runs and "
         "comparisons on real, logical or emulated devices.",
+        epilog="exit status: 0 ok; 1 a negative verdict (not equivalent, a regression, a failed check); 2 a usage "
+        "error or bad input; 3 no verdict (a step that failed, or an internal error)",
     )
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -54,8 +57,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the CLI; returns the exit status (the module's docstring): 2 for a usage error or a
-    ``HarnessError`` (one line), 1 for any other exception (an internal error: its traceback)."""
+    """Runs the CLI; returns the exit status (the module's docstring): 2 for a usage error or bad input (one
+    line), 3 for a step that failed (one line) or any exception harness did not diagnose (its traceback)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -69,15 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as err:
         if args.debug:
             raise
-        print(f"harness {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except Exception:  # noqa: BLE001  not diagnosed by harness: a bug, said to be one, with where it happened
+        status = exit_status(err)
+        said = " (no verdict)" if status == EXIT_NO_VERDICT else ""
+        print(f"harness {args.command}: error: {err}{said}", file=sys.stderr)
+        return status
+    except Exception as err:  # noqa: BLE001  not diagnosed by harness: a bug, said to be one, with where it happened
         if args.debug:
             raise
         traceback.print_exc(file=sys.stderr)
         print(f"harness {args.command}: internal error: the exception above is a bug in harness (or a case it "
-              f"does not foresee); please report it with the traceback (harness {__version__})", file=sys.stderr)
-        return 1
+              f"does not foresee); please report it with the traceback (harness {__version__}); no verdict "
+              f"(exit {EXIT_NO_VERDICT})", file=sys.stderr)
+        return exit_status(err)
 
 
 def console() -> int:

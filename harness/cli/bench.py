@@ -12,9 +12,12 @@ its threshold is measured once more (one more round of both) before it fails.
 Each verdict is printed with its noise and the smallest change it could detect.
 A benchmark with one value per side (one round, asv ``--quick``) is not judged.
 
-Exit status: 0 clean, 1 a benchmark worse, 2 a benchmark errors on head,
-3 nothing could be judged. Prints a Markdown summary for a pull-request
-comment (``--markdown FILE`` also writes it; ``--json`` prints every round).
+Exit status: 0 clean; 1 a benchmark worse; 2 a usage error or bad input; 3 no
+verdict, an infrastructure error: a benchmark errors on head, asv failed or
+recorded no results, or nothing could be judged (never read as a slow-down or
+as a pass). Prints a Markdown summary for a pull-request comment, its first
+line naming the verdict or why there is none (``--markdown FILE`` also writes
+it; ``--json`` prints every round).
 
 Two modes:
   virtualenv  asv builds each commit in its own environment (``asv run COMMIT^!``).
@@ -40,7 +43,7 @@ import sys
 from pathlib import Path
 
 from harness.cli.asvopts import add_asv_options, asv_project
-from harness.errors import InvalidValue
+from harness.errors import EXIT_NO_VERDICT, InvalidValue
 
 __all__ = ["add_parser", "run"]
 
@@ -48,7 +51,8 @@ _MIN_HISTORY = 5  # commits of main's history a benchmark needs before its noise
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench-compare", help="asv regression gate: base vs head, exit 1 on a regression",
+    p = subparsers.add_parser("bench-compare",
+                              help="asv regression gate: base vs head, exit 1 on a regression, 3 with no verdict",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="base commit (branch, tag or hash)")
     p.add_argument("head", help="head commit")
@@ -106,8 +110,8 @@ def run(args) -> int:
                                           rounds.head[(row.name, row.params)][-1]) if row in borderline else row
                     for row in rows]
     except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
-        print(f"harness bench-compare: {err}", file=sys.stderr)
-        return 2
+        print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
+        return EXIT_NO_VERDICT
     status = benchgate.exit_status(rows)
     text = benchgate.markdown(rows, base, head, args.factor)
     if args.markdown:

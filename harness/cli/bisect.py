@@ -20,9 +20,9 @@ Modes, as ``harness bench-compare``'s:
 ``auto`` (default) picks existing inside a container, else virtualenv.
 
 Exit status: 0 the first bad commit was found; 1 BAD is not worse than GOOD
-beyond the threshold (nothing to name); 2 an error: bad input, or the
+beyond the threshold (nothing to name); 2 bad input; 3 no verdict: the
 benchmark failed on a probed commit (the search stops there and says which;
-bisect a range that excludes it).
+bisect a range that excludes it), or asv or the install command failed.
 
 Examples:
     harness bisect throughput.Throughput.track_samples_per_second v1.0 main \\

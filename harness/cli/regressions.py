@@ -14,7 +14,9 @@ default the current directory, where it is a git repository holding the
 commits), else by the commit dates asv recorded.
 
 Exit status: 1 when a regression newer than --since exists (no --since: any
-regression), 0 when none, 2 on errors.
+regression), 0 when none, 2 on bad input (a missing results folder, an unknown
+machine or commit), 3 when it could not read the history (no verdict: never
+read as a regression found).
 
 Examples:
     harness regressions --results asv-history --repo . --since HEAD~1

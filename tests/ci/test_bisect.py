@@ -106,10 +106,10 @@ def test_bisect_says_when_bad_is_no_worse_than_good(history):
 
 
 @pytest.mark.extended
-def test_bisect_stops_with_2_where_the_benchmark_fails(history):
+def test_bisect_stops_with_3_no_verdict_where_the_benchmark_fails(history):
     repo, commits = history
     done = _bisect(repo, "bench.Work.time_work", commits[9], commits[10])
-    assert done.returncode == 2, done.stdout + done.stderr[-3000:]
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     assert f"error: bench.Work.time_work failed on {commits[10][:12]} (broken): stopped there" in done.stdout
     assert "failed   broken" in done.stdout
 

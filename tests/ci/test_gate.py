@@ -139,11 +139,11 @@ def test_gate_takes_the_noise_from_mains_history(planted, tmp_path):
 
 
 @pytest.mark.extended
-def test_gate_reports_a_benchmark_error_as_2(planted):
+def test_gate_reports_a_benchmark_error_as_no_verdict_3_never_as_a_slow_down(planted):
     repo, commits = planted
     done = _gate(repo, commits["slower"], commits["broken"])
-    assert done.returncode == 2, done.stdout + done.stderr[-3000:]
-    assert "Benchmark errors" in done.stdout and "| ! |" in done.stdout
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "No verdict, an infrastructure error: 1 benchmark failed on head" in done.stdout and "| ! |" in done.stdout
 
 
 @pytest.mark.slow

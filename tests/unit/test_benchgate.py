@@ -61,11 +61,16 @@ def _row(verdict: Verdict) -> Row:
     return Row("s.B.time_x", "2, towers", "seconds", 1.0, None if verdict is Verdict.ERROR else 1.5, verdict, 1.5)
 
 
-def test_exit_status_errors_win_over_regressions():
+def test_exit_status_no_verdict_wins_over_regressions_and_nothing_measured_is_no_pass():
     assert exit_status([_row(Verdict.SAME), _row(Verdict.BETTER)]) == 0
     assert exit_status([_row(Verdict.SAME), _row(Verdict.WORSE)]) == 1
-    assert exit_status([_row(Verdict.WORSE), _row(Verdict.ERROR)]) == 2
-    assert exit_status([]) == 0
+    crashed = [_row(Verdict.WORSE), _row(Verdict.ERROR)]
+    assert exit_status(crashed) == 3  # a crash is neither a slow-down nor a pass
+    assert markdown(crashed, "a" * 40, "b" * 40, 1.1).startswith(
+        "### :grey_question: No verdict, an infrastructure error: 1 benchmark failed on head:")
+    assert exit_status([]) == 3  # asked to compare, measured nothing
+    assert "no benchmark was compared" in markdown([], "a" * 40, "b" * 40, 1.1).splitlines()[0]
+    assert exit_status([_row(Verdict.SKIPPED), _row(Verdict.SKIPPED)]) == 3
 
 
 def test_markdown_lists_the_worst_first():
@@ -102,7 +107,7 @@ def test_the_threshold_follows_the_noise_of_the_rounds():
 def test_a_single_value_per_side_is_not_judged():
     row = judge_rounds(_rounds("a.time_x", "s", 1.0), _rounds("a.time_x", "s", 3.0), 1.1)
     assert row.verdict is Verdict.UNJUDGED and "no spread to judge against" in row.note
-    assert exit_status([row]) == 3 and "Nothing judged" in markdown([row], "a" * 40, "b" * 40, 1.1)
+    assert exit_status([row]) == 3 and "No verdict" in markdown([row], "a" * 40, "b" * 40, 1.1)
     assert exit_status([row, _row(Verdict.SAME)]) == 0
 
 

@@ -515,9 +515,9 @@ def test_harness_docker_stops_at_a_failing_smoke_test_naming_image_and_status(mo
     smoke = FakeContainer(events, [b"ImportError: no module named tensorflow\n"], status=2)
     client = FakeClient(sdk, images={tag: IMAGE}, runs=[smoke])
     _cli_with_fake_engine(monkeypatch, client, tag)
-    assert main(["docker", "test", "--work-dir", str(tmp_path / "work")]) == 2
+    assert main(["docker", "test", "--work-dir", str(tmp_path / "work")]) == 3  # no verdict on the image
     err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f"harness docker: error: `harness env` failed in {tag} (exit 2)"
+    assert err.splitlines()[-1] == f"harness docker: error: `harness env` failed in {tag} (exit 2) (no verdict)"
     assert events[-1] == ("container remove", True)
     assert client.events[-2:] == [("image remove", tag, True), ("close",)]
 
@@ -527,7 +527,7 @@ def test_harness_docker_turns_an_engine_error_into_one_line_naming_the_image(mon
     error = sdk.errors.APIError("500 Server Error", explanation="OCI runtime create failed:\nno space left on device")
     client = FakeClient(sdk, images={tag: IMAGE}, runs=[error])
     _cli_with_fake_engine(monkeypatch, client, tag)
-    assert main(["docker", "build", "--work-dir", str(tmp_path / "work")]) == 2
+    assert main(["docker", "build", "--work-dir", str(tmp_path / "work")]) == 3
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == (f"harness docker: error: could not start a container of {tag} (harness env): "
-                    "OCI runtime create failed: no space left on device")
+                    "OCI runtime create failed: no space left on device (no verdict)")

@@ -1,7 +1,8 @@
 """harness' own errors (harness.errors) and what the CLI and the parallel core do with them.
 
-A ``HarnessError`` is a failure harness diagnosed: the CLI prints one line and exits 2. Anything
-else is an internal error: the CLI prints its traceback and says so, and exits 1. A ``Refused``
+A ``HarnessError`` is a failure harness diagnosed: the CLI prints one line and exits 2 (bad input), or 3 for a
+step that failed (``Failed``: no verdict). Anything else is an internal error: the CLI prints its traceback and says
+so, and exits 3 (no verdict), never 1 (a negative verdict). A ``Refused``
 carries a reason id; an error of Keras while cloning a model is not a refusal and propagates as it is.
 """
 
@@ -112,7 +113,7 @@ def _raise_from_env(monkeypatch, error: BaseException) -> None:
 
 @pytest.mark.parametrize("error", [
     InvalidValue("--thing must be >= 1; got --thing 0"), InvalidType("devices must be an int; got devices='x'"),
-    Unavailable("harness docker needs a Docker engine; none answers"), Failed("asv run failed with exit status 3"),
+    Unavailable("harness docker needs a Docker engine; none answers"),
     Refused("custom-train-step", "model 'net' defines its own train_step"),
     NotSupported("masked-batchnorm", "masked inputs to BatchNormalization layer 'bn' are not synchronised"),
 ])
@@ -123,17 +124,24 @@ def test_a_harness_error_exits_2_with_its_message_and_no_traceback(monkeypatch, 
     assert err == f"harness env: error: {error}\n"
 
 
+def test_a_step_that_failed_exits_3_no_verdict_with_its_message_and_no_traceback(monkeypatch, capsys):
+    _raise_from_env(monkeypatch, Failed("asv run failed with exit status 3"))
+    assert main(["env"]) == 3
+    assert capsys.readouterr().err == "harness env: error: asv run failed with exit status 3 (no verdict)\n"
+
+
 @pytest.mark.parametrize("error", [KeyError("window"), ZeroDivisionError("division by zero"),
                                    ValueError("an undiagnosed ValueError is a bug too"),
                                    RuntimeError("so is a RuntimeError harness did not raise on purpose")])
-def test_any_other_exception_is_an_internal_error_exit_1_with_its_traceback(monkeypatch, capsys, error):
+def test_any_other_exception_is_an_internal_error_exit_3_with_its_traceback(monkeypatch, capsys, error):
     _raise_from_env(monkeypatch, error)
-    assert main(["env"]) == 1
+    assert main(["env"]) == 3
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):"), err
     assert f"{type(error).__name__}: " in err and "in run" in err  # the exception and where it was raised
     last = err.strip().splitlines()[-1]
     assert last.startswith("harness env: internal error: ") and "please report it" in last
+    assert last.endswith("no verdict (exit 3)")
 
 
 @pytest.mark.parametrize("error", [InvalidValue("bad"), KeyError("window")])

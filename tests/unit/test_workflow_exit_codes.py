@@ -1,0 +1,84 @@
+"""The workflow steps that read harness' exit statuses, run for real: each step's own bash script (as the runner
+runs it, ``bash -e {0}``) against a stand-in ``harness`` that exits with each status in turn.
+
+The convention (harness.errors): 1 a negative verdict, 2 bad input, 3 no verdict (a benchmark or asv that failed,
+an internal error). A step must never read 3 as a slow-down or a regression found, nor as a pass.
+Harness' own workflows and the reusable ones ``harness init --reusable`` calls (whose inline form
+tests/unit/test_adopt_ci.py holds to the same steps) are checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOWS = REPO / ".github" / "workflows"
+
+# (workflow file, job, step name)
+GATES = [("bench.yml", "bench", "harness bench-compare"),
+         ("reusable-bench-gate.yml", "bench", "harness bench-compare")]
+HISTORY = [("publish.yml", "bench", "find regressions"), ("reusable-nightly.yml", "bench", "find regressions")]
+
+
+def _script(file: str, job: str, name: str) -> str:
+    steps = yaml.safe_load((WORKFLOWS / file).read_text())["jobs"][job]["steps"]
+    step = next(s for s in steps if s.get("name") == name)
+    assert "${{" not in step["run"], "the script reads its inputs from env, as zizmor asks"
+    return step["run"]
+
+
+def _run(tmp_path: Path, script: str, status: int) -> subprocess.CompletedProcess:
+    """``script`` under ``bash -e`` with a ``harness`` that writes a summary and exits ``status``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "harness"
+    fake.write_text("#!/bin/bash\n"
+                    'while [ $# -gt 0 ]; do if [ "$1" = --markdown ]; then echo "### summary" > "$2"; fi; shift; done\n'
+                    f"echo '{{\"regressions\": []}}'\nexit {status}\n")
+    fake.chmod(0o755)
+    (tmp_path / "summary").write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_TEMP": str(tmp_path / "runner"),
+           "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"), "BASE_REF": "main", "BENCH_MODE": "existing",
+           "ASV_MACHINE": "ci", "PR_NUMBER": "7", "BENCH": "", "INSTALL_COMMAND": "", "BENCH_ARGS": "",
+           "SINCE_DAYS": "7"}
+    (tmp_path / "runner").mkdir(exist_ok=True)
+    (tmp_path / "step.sh").write_text(script)
+    return subprocess.run(["bash", "-e", str(tmp_path / "step.sh")], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("file", "job", "name"), GATES)
+@pytest.mark.parametrize("status", [0, 1, 2, 3])
+def test_the_gate_step_fails_with_harness_status_and_names_no_verdict_as_such(tmp_path, file, job, name, status):
+    done = _run(tmp_path, _script(file, job, name), status)
+    said = done.stdout + done.stderr
+    assert done.returncode == status, said
+    if status == 1:
+        assert "::error::a benchmark is significantly slower" in said
+    else:
+        assert "slower" not in said, said  # a crash or bad input is never read as a slow-down
+    if status >= 2:
+        assert "::error::no verdict" in said, said
+    if status == 3:
+        assert "infrastructure error" in said and "not a slow-down" in said
+    if status == 0:
+        assert "::error::" not in said
+
+
+@pytest.mark.parametrize(("file", "job", "name"), HISTORY)
+@pytest.mark.parametrize("status", [0, 1, 2, 3])
+def test_the_regressions_step_goes_on_with_a_verdict_and_stops_without_one(tmp_path, file, job, name, status):
+    done = _run(tmp_path, _script(file, job, name), status)
+    said = done.stdout + done.stderr
+    if status <= 1:  # 1: regressions found: the report job decides what to open
+        assert done.returncode == 0 and "::error::" not in said, said
+        assert (tmp_path / "summary").read_text() == "### summary\n"
+    else:
+        assert done.returncode == status, said
+        assert "::error::no verdict: harness regressions could not read the history" in said
+        assert "no regression" in said
+        assert (tmp_path / "summary").read_text() == ""  # no report of regressions from a failed read
