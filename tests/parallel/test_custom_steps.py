@@ -257,3 +257,27 @@ def test_call_time_losses_of_a_split_call_are_the_whole_batch_s(logical_devices,
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     for a, b in zip(single.get_weights(), template.get_weights()):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_step_that_ignores_y_trains_on_x_alone_with_a_compiled_loss_it_never_uses(logical_devices, any_keras):
+    """keras-io's VAE as users write it: compiled with a loss its own train_step never uses, fit on x alone. Keras
+    trains it on one device (a compiled loss is built at its first use, which never comes); towers must too,
+    rather than build that loss from a y there is not ("None values not supported")."""
+    from harness.bench.zoo.steps import FEATURES, LATENT, _vae
+
+    k = any_keras
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(40, FEATURES)).astype("float32"), rng.normal(size=(40, LATENT)).astype("float32"))
+    k.utils.set_random_seed(7)
+    single = _vae(k)
+    initial = single.get_weights()
+    single.compile(optimizer=k.optimizers.Adam(0.01), loss="mse")
+    expected = single.fit(x, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+    template = _vae(k)
+    template.set_weights(initial)
+    parallel = harness.parallelize(template, logical_devices[:3], ratios=[5, 3, 2], method="towers")
+    parallel.compile(optimizer=k.optimizers.Adam(0.01), loss="mse")
+    history = parallel.fit(x, batch_size=10, epochs=2, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-5)
+    for a, b in zip(single.get_weights(), template.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)

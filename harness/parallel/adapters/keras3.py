@@ -174,9 +174,22 @@ class Keras3Adapter(Adapter):
                 data_batch = next(batches)
                 break
         build = getattr(model, "_symbolic_build", None)
-        if data_batch is not None and build is not None:
-            with model.distribute_strategy.scope():
+        if data_batch is None or build is None:
+            return
+        with model.distribute_strategy.scope():
+            if keras.utils.unpack_x_y_sample_weight(data_batch)[1] is not None:
                 build(data_batch=data_batch)
+                return
+            # x alone (fit(x): a model whose own train_step reads no y, keras-io's VAE): on one device Keras
+            # builds the compiled loss and metrics at their first use, which such a step never makes, and
+            # building them here would need the y there is not ("None values not supported"). So build the
+            # model and the optimizer only, and leave the compiled loss and metrics to their first use.
+            compiled = model._compile_loss, model._compile_metrics
+            model._compile_loss = model._compile_metrics = None
+            try:
+                build(data_batch=data_batch)
+            finally:
+                model._compile_loss, model._compile_metrics = compiled
 
     # -- mirrored -------------------------------------------------------------------------------------
     def _clone(self, template, sync_batchnorm: bool):
