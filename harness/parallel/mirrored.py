@@ -35,11 +35,6 @@ from harness.parallel.collective import replica_device, strategy_for, sum_replic
 __all__ = ["Mirrored", "mirrored_class"]
 
 
-def _uses_sum_reduction(k, loss) -> bool:
-    return any(isinstance(item, k.losses.Loss) and getattr(item, "reduction", None) == "sum"
-               for item in tf.nest.flatten(loss))
-
-
 def _replica(strategy, structure, index: int):
     """Replica ``index``'s values of a structure ``strategy.run`` returned (a value every replica returned
     as one tensor, such as a constant, is not distributed: it is every replica's)."""
@@ -78,14 +73,9 @@ class Mirrored(ParallelModel):
 
     # -- compile: the optimizer must live in the strategy's scope ------------------
     def compile(self, optimizer="rmsprop", loss=None, *args, **kwargs):
-        """As ``Model.compile``, without XLA (``ParallelCommon.compile``); sum-reduced losses are refused."""
+        """As ``Model.compile``, without XLA (``ParallelCommon.compile``). A loss whose divisor spans the batch
+        (``reduction="sum"``, ``"none"``...) is computed on the whole batch's predictions (``gather_reason``)."""
         k = self._adapter.k
-        if _uses_sum_reduction(k, loss):
-            raise Refused(
-                "sum-reduced-loss",
-                "method='mirrored' supports mean-reduced losses ('sum_over_batch_size', 'mean', 'auto'); got "
-                f"loss={loss!r} with reduction='sum'. Use method='towers' for sum-reduced losses"
-            )
         optimizer = k.optimizers.get(optimizer)  # a name made an optimizer; an optimizer taken as it is
         refused = self._adapter.optimizer_refusal(optimizer, self.method.value)
         if refused:

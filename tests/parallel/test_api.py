@@ -185,10 +185,15 @@ def test_bad_training_arguments(logical_devices):
         harness.compare_training(_dense, x, y, devices=logical_devices[:2], batch_size=0)
 
 
-def test_sum_reduced_loss_is_refused_by_mirrored(logical_devices, any_keras):
-    parallel = harness.parallelize(_dense(any_keras), logical_devices[:2], method="mirrored")
-    with pytest.raises(ValueError, match="reduction='sum'"):
-        parallel.compile(optimizer="sgd", loss=any_keras.losses.MeanSquaredError(reduction="sum"))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_sum_reduced_loss_trains_as_on_one_device(logical_devices, any_keras, method):
+    # A sum needs no per-replica 1/N: mirrored computes it on the whole batch's predictions (it was refused).
+    k = any_keras
+    x, labels = _data()
+    y = np.eye(3, dtype="float32")[labels]  # one target per output
+    harness.assert_equivalent(lambda: _dense(k), x, y, devices=logical_devices[:3], ratios=[5, 3, 2], method=method,
+                              batch_size=10, epochs=2, optimizer=lambda: k.optimizers.SGD(0.001),
+                              loss=k.losses.MeanSquaredError(reduction="sum"))
 
 
 @pytest.mark.parametrize("method", METHODS)
