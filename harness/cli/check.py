@@ -124,7 +124,12 @@ def add_parser(subparsers) -> None:
                           "running the cases")
     zoo.add_argument("--pin-outcomes", action="store_true",
                      help="write the outcomes of the cases run as their pins (harness/bench/zoo/outcomes.json): "
-                          "refused (with the reason id) and as accurate; exact ones unpinned; refused on a FAIL")
+                          "refused (with the reason id) and as accurate; exact ones unpinned; refused on a FAIL. "
+                          "Prints every change; a downgrade (exact -> as accurate -> refused, or another refusal "
+                          "reason) is not written unless --allow-downgrade names the case (exit 1)")
+    zoo.add_argument("--allow-downgrade", nargs="+", default=[], metavar="CASE",
+                     help="with --pin-outcomes: cases whose downgrade may be pinned, as 'model|keras|method|split|"
+                          "optimizer' (fnmatch patterns: 'convnext|3|*|*|')")
     p.set_defaults(run=run)
 
 
@@ -363,6 +368,16 @@ def _zoo(args) -> int:
     if args.pin_outcomes:  # a FAIL other than a missed pin refuses (InvalidValue): nothing is written then
         from harness.bench.zoo import outcomes
 
+        found = outcomes.changes(rows, outcomes.load())
+        for change in found:
+            print(f"pin {outcomes.describe(change)}", file=sys.stderr)
+        refused = outcomes.downgrades(found, args.allow_downgrade)
+        if refused:
+            print(f"harness check: not pinned: {len(refused)} case(s) moved further from one device and are not "
+                  "named in --allow-downgrade (fix them, or name each one you mean to re-pin: "
+                  f"--allow-downgrade '{outcomes.case_name(refused[0][0])}'); {outcomes.pins_path()} is unchanged",
+                  file=sys.stderr)
+            return 1
         pins = outcomes.write(rows)
         print(f"pinned the outcomes of {len(rows)} cases in {outcomes.pins_path()} ({len(pins)} pins in all; a case "
               "not pinned must be exact)", file=sys.stderr)

@@ -116,3 +116,32 @@ def test_an_error_that_is_not_a_refusal_fails_with_its_traceback(logical_devices
     assert row.failed and row.status == "FAIL: ValueError: planted: cloning broke", row.status
     assert "Traceback (most recent call last)" in row.traceback and "in broken" in row.traceback
     assert "raised:\n" in zoo.text_table([row]) and "planted: cloning broke" in zoo.text_table([row])
+
+
+def test_a_downgrade_is_not_pinned_unless_named_and_every_change_is_printed(tmp_path, monkeypatch, capsys):
+    """``--pin-outcomes`` re-pins what a run came out as; one that moved a case further from one device (exact ->
+    as accurate -> refused, or to another refusal) writes nothing unless ``--allow-downgrade`` names that case."""
+    from harness.cli import main
+
+    pins = tmp_path / "pins.json"
+    monkeypatch.setenv("HARNESS_ZOO_PINS", str(pins))
+    pins.write_text(json.dumps({"pins": {"m|3|towers|even|": "as accurate as one device",
+                                         "c|3|towers|3:2|": "refused: custom-train-step"}}))
+    before = pins.read_text()
+    run = tmp_path / "run.json"
+    run.write_text(zoo.to_json([_row("exact", split="even"),  # an upgrade: pinned without asking
+                                _row("as accurate as one device"),  # m|3|towers|3:2|: exact -> as accurate
+                                _row("refused: jit-compile: XLA", model="c")]))  # another reason
+    pin = ["check", "--zoo", "--from-json", str(run), "--pin-outcomes", "--format", "json"]
+    assert main(pin) == 1
+    err = capsys.readouterr().err
+    assert "pin m|3|towers|even|: as accurate as one device -> exact (upgrade)" in err
+    assert "pin m|3|towers|3:2|: exact -> as accurate as one device (downgrade)" in err
+    assert "pin c|3|towers|3:2|: refused: custom-train-step -> refused: jit-compile (changed)" in err
+    assert "not pinned: 2 case(s) moved further from one device" in err and "is unchanged" in err
+    assert pins.read_text() == before
+    assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|"]) == 1  # the other one is still not named
+    assert pins.read_text() == before
+    assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|", "c|3|*"]) == 0
+    assert outcomes.load(pins) == {("m", "3", "towers", "3:2", ""): "as accurate as one device",
+                                   ("c", "3", "towers", "3:2", ""): "refused: jit-compile"}

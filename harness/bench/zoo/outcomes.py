@@ -11,6 +11,10 @@ A row meets its pin when it is the pinned kind, or ``exact`` where ``as accurate
 is pinned (closer than required). Anything else is a FAIL row: an exact case that turns ``as
 accurate`` or is refused, a refusal with another reason, a refused case that trains, an error.
 
+Re-pinning cannot slip: ``changes`` lists every pin a run would change, and a *downgrade* (exact -> as
+accurate -> refused, ``RANK``) is written only where the case is named in ``--allow-downgrade``
+(``downgrades``); the command prints every change either way.
+
 Nothing here imports TensorFlow or Keras.
 """
 
@@ -25,7 +29,7 @@ from typing import Any
 from harness.errors import InvalidValue
 
 __all__ = ["PINS", "pins_path", "Key", "key_of", "pinned", "load", "outcome_of", "meets", "observed", "missed",
-           "judged", "rejudged", "pins_of", "write"]
+           "judged", "rejudged", "pins_of", "write", "RANK", "rank", "changes", "downgrades", "describe", "case_name"]
 
 PINS = Path(__file__).resolve().with_name("outcomes.json")  # the shipped pins
 
@@ -43,8 +47,12 @@ def key_of(row: Any) -> Key:
     return (row.model, row.keras, row.method, row.split, row.optimizer)
 
 
-def _text(key: Key) -> str:
+def case_name(key: Key) -> str:
+    """A case as pins and ``--allow-downgrade`` name it: ``model|keras|method|split|optimizer``."""
     return "|".join(key)
+
+
+_text = case_name
 
 
 def _check(outcome: str, where: str) -> None:
@@ -145,6 +153,48 @@ def pins_of(rows: Sequence[Any]) -> dict[Key, str]:
         raise InvalidValue("a FAIL is fixed or refused by name, never pinned; got "
                            + "; ".join(f"{_text(key_of(r))}: {r.status[:120]}" for r in failed[:5]))
     return {key_of(r): outcome_of(observed(r.status)) for r in rows if outcome_of(observed(r.status)) != "exact"}
+
+
+RANK = {"exact": 0, "as accurate as one device": 1, "refused": 2}  # higher: further from one device's training
+
+
+def rank(outcome: str) -> int:
+    """An outcome's ``RANK`` (any refusal ranks as ``refused``)."""
+    return RANK["refused" if outcome.startswith("refused: ") else outcome]
+
+
+def changes(rows: Sequence[Any], pins: Mapping[Key, str]) -> list[tuple[Key, str, str]]:
+    """``(key, pinned, new)`` for each case of ``rows`` whose outcome differs from its pin in ``pins``.
+
+    Raises:
+        InvalidValue: a row FAILed otherwise (see ``pins_of``).
+    """
+    new = pins_of(rows)
+    out = []
+    for row in rows:
+        key = key_of(row)
+        before, after = pinned(key, pins), new.get(key, "exact")
+        if before != after:
+            out.append((key, before, after))
+    return out
+
+
+def downgrades(found: Sequence[tuple[Key, str, str]], allowed: Sequence[str] = ()) -> list[tuple[Key, str, str]]:
+    """The changes of ``found`` that move a case further from one device (``rank`` grows, or a refusal's reason
+    changes) and that no pattern of ``allowed`` names (``fnmatch`` patterns over ``model|keras|method|split|
+    optimizer``)."""
+    from fnmatch import fnmatchcase
+
+    return [(key, before, after) for key, before, after in found
+            if (rank(after) > rank(before) or (rank(after) == rank(before) == RANK["refused"]))
+            and not any(fnmatchcase(_text(key), pattern) for pattern in allowed)]
+
+
+def describe(change: tuple[Key, str, str]) -> str:
+    """One line for a change of a pin."""
+    key, before, after = change
+    how = "downgrade" if rank(after) > rank(before) else "upgrade" if rank(after) < rank(before) else "changed"
+    return f"{_text(key)}: {before} -> {after} ({how})"
 
 
 def write(rows: Sequence[Any], path: Path | str | None = None) -> dict[Key, str]:
