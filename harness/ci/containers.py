@@ -250,9 +250,7 @@ class Engine:
             if run.is_symlink():
                 shutil.rmtree(run.resolve(), ignore_errors=True)
             if self.keep_data:
-                for child in self.root.iterdir():
-                    if not child.name.startswith("data-") and child.name not in ("lock", "dockerd.log"):
-                        _remove(child)
+                _clear(self.root, keep_data=True, also_keep=("dockerd.log",))  # the log: why it stopped
             else:
                 shutil.rmtree(self.root, ignore_errors=True)
         if self.lock is not None:
@@ -375,13 +373,15 @@ def start_engine(root: Path, log: Log = _quiet, timeout: float = 90, *, keep_dat
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     lock = _hold(root / "lock")
-    _unmount_under(root)  # an engine killed before it could stop leaves its mounts
-    for child in root.iterdir():
-        if child.name != "lock" and not (keep_data and child.name.startswith("data-")):
-            _remove(child)
-    # Sockets live under the exec root, and a Unix socket path has at most 107 bytes: keep it short.
-    run = Path(tempfile.mkdtemp(prefix="harness-dockerd-"))
-    (root / "run").symlink_to(run)
+    try:
+        _unmount_under(root)  # an engine killed before it could stop leaves its mounts
+        _clear(root, keep_data)
+        # Sockets live under the exec root, and a Unix socket path has at most 107 bytes: keep it short.
+        run = Path(tempfile.mkdtemp(prefix="harness-dockerd-"))
+        (root / "run").symlink_to(run)
+    except BaseException:
+        lock.close()
+        raise
     sock = run / "docker.sock"
     engine = Engine(host=f"unix://{sock}", started=True, root=root, keep_data=keep_data, lock=lock)
     deadline = time.monotonic() + timeout
@@ -426,6 +426,14 @@ def _hold(path: Path) -> Any:
         raise Unavailable(f"another private engine uses {path.parent} (it holds {path.name}); wait for it, or give "
                           "harness docker another --work-dir") from None
     return handle
+
+
+def _clear(root: Path, keep_data: bool, also_keep: Iterable[str] = ()) -> None:
+    """Removes what an engine left under ``root``, but its lock, ``also_keep`` and, with ``keep_data``, its data
+    roots (``data-DRIVER``)."""
+    for child in root.iterdir():
+        if child.name not in ("lock", *also_keep) and not (keep_data and child.name.startswith("data-")):
+            _remove(child)
 
 
 def _remove(path: Path) -> None:
