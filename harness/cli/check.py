@@ -358,7 +358,7 @@ def _zoo(args) -> int:
         from harness.bench.zoo import outcomes
 
         rows, stamp = zoo.from_json(Path(args.from_json).read_text())
-        rows = outcomes.rejudged(rows, outcomes.load())  # held to today's pins
+        rows = outcomes.rejudged(rows, outcomes.load(), outcomes.load_multiples())  # held to today's pins
         stamp = stamp or f"the rows of {args.from_json}"
     else:
         rows, stamp = _zoo_rows(args)
@@ -368,7 +368,7 @@ def _zoo(args) -> int:
     if args.pin_outcomes:  # a FAIL other than a missed pin refuses (InvalidValue): nothing is written then
         from harness.bench.zoo import outcomes
 
-        found = outcomes.changes(rows, outcomes.load())
+        found = outcomes.changes(rows, outcomes.load(), outcomes.load_multiples())
         for change in found:
             print(f"pin {outcomes.describe(change)}", file=sys.stderr)
         refused = outcomes.downgrades(found, args.allow_downgrade)

@@ -13,22 +13,27 @@ Two criteria:
   measurements tell that rounding from a bug: the model's **rounding floor**, the
   rounding this model shows on one device, and a parallel run in float64 beside a
   single-device one in float64, where rounding is a billion times smaller. The floor
-  is the larger of two measured distances of the single-device run: from a second
-  single-device run that differs from it only in summation order (each batch's rows
-  reversed: the same batches, the same mathematics), and from the single-device run
-  in float64. The parallel run passes when the float64 pair agree (``FLOAT64_TOL``)
+  is measured in the compared runs' own precision: the largest distance of the
+  single-device run from single-device runs that differ from it only in summation
+  order (``FLOOR_ORDERS``: each batch's rows reversed, permuted, rotated, and its
+  gradient summed from sub-batches of the split's sizes: the same batches, the same
+  mathematics). The parallel run passes when the float64 pair agree (``FLOAT64_TOL``)
   and its own distance from the single-device run is at most ``FLOOR_FACTOR`` times
-  the floor. A mixed-precision model's runs are all in its policy, the floor's too
-  (there the order alone may change nothing: float16 products add up exactly in a
-  float32 accumulator, and the distance from float64 is the floor).
+  the floor. The single-device run's distance from float64 is reported beside the
+  floor, never part of it: on a chaotic model it is large, and a defect of float32
+  alone would hide under it. A mixed-precision model's runs are all in its policy,
+  the floor's too (there reordering rows may change nothing: float16 products add up
+  exactly in a float32 accumulator; the sub-batches' order is the one that measures).
 
 One idea per module: ``report`` (``EquivalenceReport``, ``WeightDiff``, the verdict's constants and the
-distance measures), ``runs`` (what the runs of one comparison share and keep), ``reference`` (the float64
-reference and the rounding floor), ``training`` (``compare_training``, ``assert_equivalent``).
+distance measures), ``runs`` (what the runs of one comparison share and keep), ``floor`` (the rounding
+floor's summation orders), ``reference`` (the float64 reference and the rounding floor's runs),
+``training`` (``compare_training``, ``assert_equivalent``).
 """
 
 from __future__ import annotations
 
+from harness.equivalence.floor import FLOOR_ORDERS as FLOOR_ORDERS
 from harness.equivalence.report import (
     FLOAT64_TOL,
     FLOOR_FACTOR,
@@ -38,7 +43,7 @@ from harness.equivalence.report import (
     WeightDiff,
     relative_deviation,
 )
-from harness.equivalence.report import FLOOR_ORDER as FLOOR_ORDER
+from harness.equivalence.report import FloorOrder as FloorOrder
 from harness.equivalence.runs import _Traced as _Traced
 from harness.equivalence.training import assert_equivalent, compare_training
 

@@ -1,8 +1,9 @@
 """The float64 reference and the rounding floor (``compare_training(..., reference="float64")``).
 
-Three more runs of the model: on one device in float64 (``build_model()`` under the float64 dtype policy and
-floatx, from the float32 run's initial weights, on the same batches cast to float64), in parallel in float64,
-and on one device again in the float32 runs' precision with each batch's rows reversed (``FLOOR_ORDER``).
+More runs of the model: on one device in float64 (``build_model()`` under the float64 dtype policy and floatx,
+from the float32 run's initial weights, on the same batches cast to float64), in parallel in float64, and on one
+device again in the float32 runs' precision in each of the floor's other summation orders (``FLOOR_ORDERS``,
+harness.equivalence.floor).
 ``float64_model`` builds the first before any training, so that a model that cannot be float64 fails at
 once; ``with_reference`` trains them and adds what they measure to the float32 runs' report.
 """
@@ -17,8 +18,11 @@ from typing import Any
 import numpy as np
 
 from harness.compat import new_optimizer
+from harness.equivalence.floor import FLOOR_ORDERS, batch_order, sub_batch_steps
 from harness.equivalence.report import (
+    LOSS_RESOLUTION,
     EquivalenceReport,
+    FloorOrder,
     WeightDiff,
     _diff_variables,
     _max_deviation,
@@ -57,25 +61,38 @@ def with_reference(report: EquivalenceReport, run: _Comparison, float64, one: _R
     stay None).
     """
     exact = _single_float64(run, float64)
-    reference_exact = floor_order = floor_loss_order = None
+    reference_exact = None
+    orders: tuple = ()
     if skip_within is None or not report.is_equivalent(skip_within):
-        again = _floor_run(run)
-        floor_order = _max_deviation(_diff_variables(one.weights, again.weights, "")
-                                     + _diff_variables(one.optimizer, again.optimizer, "optimizer/"))
-        floor_loss_order = _max_rel(one.history["loss"], again.history["loss"])
+        orders = tuple(_floor_orders(run, one))
         reference_exact = _parallel_float64(run, exact)
     against_single, against_parallel = _against_float64(exact, one, template, parallel)
     reference_single = _max_deviation(against_single)
+    measured = [order for order in orders if order.weights is not None]
     floor = floor_loss = None
-    if floor_order is not None and floor_loss_order is not None:
-        floor = _worst(floor_order, reference_single)
-        floor_loss = _worst(floor_loss_order, _max_rel(exact.history["loss"], one.history["loss"]))
+    if measured:
+        floor = _worst(*(order.weights for order in measured))
+        floor_loss = _worst(LOSS_RESOLUTION, *(order.loss for order in measured))
     return replace(
         report, reference=reference, reference_single=reference_single,
         reference_parallel=_max_deviation(against_parallel), reference_diffs_single=tuple(against_single),
         reference_diffs_parallel=tuple(against_parallel), loss_reference=tuple(exact.history["loss"]),
-        reference_exact=reference_exact, floor=floor, floor_loss=floor_loss, floor_order=floor_order,
+        reference_loss_single=_max_rel(exact.history["loss"], one.history["loss"]),
+        reference_exact=reference_exact, floor=floor, floor_loss=floor_loss, floor_orders=orders,
     )
+
+
+def _floor_orders(run: _Comparison, one: _Run) -> Iterator[FloorOrder]:
+    """The single-device run's distance from each of the floor's runs (``FLOOR_ORDERS``): weights and optimizer
+    variables as ``max_deviation``, the per-epoch loss as ``max_loss_deviation``."""
+    for name in FLOOR_ORDERS:
+        again, why_not = _floor_run(run, name)
+        if again is None:
+            yield FloorOrder(name, None, None, why_not)
+            continue
+        weights = _max_deviation(_diff_variables(one.weights, again.weights, "")
+                                 + _diff_variables(one.optimizer, again.optimizer, "optimizer/"))
+        yield FloorOrder(name, weights, _max_rel(one.history["loss"], again.history["loss"]))
 
 
 def _single_float64(run: _Comparison, float64) -> _Run:
@@ -88,18 +105,30 @@ def _single_float64(run: _Comparison, float64) -> _Run:
     return run.kept["float64"]
 
 
-def _floor_run(run: _Comparison) -> _Run:
-    """The rounding floor's run: one device again, in the float32 runs' precision, from the same weights, on the
-    same batches with each batch's rows reversed; or the one ``run.kept`` holds."""
-    if "floor" not in run.kept:
+def _floor_run(run: _Comparison, name: str) -> tuple[_Run | None, str | None]:
+    """The floor's run ``name`` (``FLOOR_ORDERS``): one device again, in the float32 runs' precision, from the
+    same weights, on the same batches in another summation order; or the one ``run.kept`` holds. ``(None, why)``
+    where this model cannot run in that order."""
+    ratios = tuple(run.ratios) if run.ratios is not None else (1.0,) * max(1, len(run.devices))
+    key = ("floor", name, ratios) if name == "sub-batches" else ("floor", name)
+    if key not in run.kept:
         floor_model: Any = run.build_model()  # a Keras model: untyped
         floor_model.set_weights(run.initial_weights)
-        order = _reversed_batches(run.samples, run.fit_args["batch_size"])
-        floor_args = {**run.fit_args, "sample_weight": _rows(run.fit_args["sample_weight"], order)}
-        history = _slots_built(run.compiled(floor_model)).fit(_rows(run.x, order), _rows(run.y, order),
-                                                              **floor_args).history
-        run.kept["floor"] = _Run(_keep(floor_model.weights), _keep(floor_model.optimizer.variables), history)
-    return run.kept["floor"]
+        compiled = _slots_built(run.compiled(floor_model))
+        x, y, fit_args = run.x, run.y, run.fit_args
+        if name == "sub-batches":
+            why_not = sub_batch_steps(compiled, ratios)
+            if why_not is not None:
+                run.kept[key] = why_not
+                return None, why_not
+        else:
+            order = batch_order(name, run.samples, run.fit_args["batch_size"])
+            x, y = _rows(x, order), _rows(y, order)
+            fit_args = {**fit_args, "sample_weight": _rows(fit_args["sample_weight"], order)}
+        history = compiled.fit(x, y, **fit_args).history
+        run.kept[key] = _Run(_keep(floor_model.weights), _keep(floor_model.optimizer.variables), history)
+    kept = run.kept[key]
+    return (None, kept) if isinstance(kept, str) else (kept, None)
 
 
 def _parallel_float64(run: _Comparison, exact: _Run) -> float:
@@ -189,11 +218,6 @@ def _float64_policy(keras, keras2: bool) -> Iterator[None]:
     finally:
         set_floatx(floatx)
         set_policy(policy)
-
-
-def _reversed_batches(n: int, batch_size: int) -> np.ndarray:
-    """The sample order in which each batch of ``batch_size`` (the last one partial) has its rows reversed."""
-    return np.concatenate([np.arange(start, min(start + batch_size, n))[::-1] for start in range(0, n, batch_size)])
 
 
 def _rows(data, order: np.ndarray):

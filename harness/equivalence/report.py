@@ -20,9 +20,31 @@ REFERENCES = ("float64",)  # the accepted values of ``reference`` besides None
 VERDICTS = ("exact", "as accurate as one device", "FAIL")  # ``EquivalenceReport.verdict``
 FLOAT64_TOL = 1e-9  # the parallel float64 run vs the single-device float64 run: rounding of float64 only
 # The parallel float32 run's distance from the single-device run, at most this many times the rounding floor
-# (two single-device runs in different summation orders). docs/design.md, "Float32 fidelity", has the measurements.
+# (the single-device run's largest distance from the same run in another summation order, FLOOR_ORDERS).
+# docs/concepts/exactness.md has the measurements.
 FLOOR_FACTOR = 8.0
-FLOOR_ORDER = "each batch's rows reversed"  # how the floor's second single-device run differs from the first
+# The loss floor's least value: one unit in the last place of a float32 loss (its machine epsilon, relative). The
+# per-epoch loss is a float32 mean of per-batch means; a split sums each batch's loss from its devices' shares,
+# which no single-device order reproduces: where every order gives the single-device run's losses bit for bit,
+# the parallel run's may still differ in their last place.
+LOSS_RESOLUTION = 2.0 ** -23
+
+
+@dataclass(frozen=True)
+class FloorOrder:
+    """The single-device run's distance from one of the rounding floor's runs (``FLOOR_ORDERS``): ``weights``
+    (weights and optimizer variables, as ``max_deviation``) and ``loss`` (per epoch, as ``max_loss_deviation``);
+    both None where the model cannot run in that order (``why_not``)."""
+
+    name: str
+    weights: float | None
+    loss: float | None
+    why_not: str | None = None
+
+    def describe(self) -> str:
+        if self.weights is None or self.loss is None:
+            return f"{self.name}: not measured ({self.why_not})"
+        return f"{self.name} {self.weights:.3e} (loss {self.loss:.3e})"
 
 
 @dataclass(frozen=True)
@@ -63,14 +85,16 @@ class EquivalenceReport:
     reference_diffs_single: tuple[WeightDiff, ...] = ()  # per variable, single-device run vs float64
     reference_diffs_parallel: tuple[WeightDiff, ...] = ()  # per variable (same order), parallel run vs float64
     loss_reference: tuple[float, ...] = ()  # the float64 run's loss per epoch
+    reference_loss_single: float | None = None  # the single-device run's per-epoch loss vs the float64 run's
     reference_exact: float | None = None  # the parallel float64 run's distance from the single-device float64 run
-    # The rounding floor: the larger of the single-device run's distances from a second single-device run in
-    # another summation order (FLOOR_ORDER; ``floor_order``) and from the single-device float64 run; weights
-    # and optimizer variables as ``max_deviation``, the per-epoch loss as ``max_loss_deviation``. None where not
-    # measured (no reference, or the float32 runs were exact).
+    # The rounding floor, in the compared runs' own precision: the largest of the single-device run's distances
+    # from the single-device runs in the other summation orders (``floor_orders``, FLOOR_ORDERS); weights and
+    # optimizer variables as ``max_deviation``, the per-epoch loss as ``max_loss_deviation``. Never the distance
+    # from float64 (``reference_single``, reported beside it). None where not measured (no reference, or the
+    # float32 runs were exact).
     floor: float | None = None
     floor_loss: float | None = None
-    floor_order: float | None = None  # weights and optimizer variables: the single-device runs' distance
+    floor_orders: tuple[FloorOrder, ...] = ()
 
     @property
     def max_deviation(self) -> float:
@@ -218,9 +242,9 @@ class EquivalenceReport:
             text += f"; parallel in {self.reference} vs one device in {self.reference}: {self.reference_exact:.3e}"
         if self.floor is not None and self.floor_loss is not None:
             within = self.within_floor()
-            order = "-" if self.floor_order is None else f"{self.floor_order:.3e}"
-            text += (f"; rounding floor {self.floor:.3e}, loss {self.floor_loss:.3e} (one device vs one device "
-                     f"with {FLOOR_ORDER}: {order}): parallel at {self.floor_multiple():.3g} x it "
+            orders = "; ".join(order.describe() for order in self.floor_orders)
+            text += (f"; rounding floor {self.floor:.3e}, loss {self.floor_loss:.3e} (one device vs one device in "
+                     f"another summation order: {orders}): parallel at {self.floor_multiple():.3g} x it "
                      f"({'<=' if within else '>'} {FLOOR_FACTOR:g} x)")
         return text
 

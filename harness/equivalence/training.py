@@ -95,10 +95,11 @@ def compare_training(
             optimizer has as many variables of the same shapes as the float32
             runs' (not so under a ``LossScaleOptimizer``), every optimizer
             variable; each by ``max |Δ| / max(1, max |float64 value|)``. And the
-            rounding floor (``floor``, ``floor_loss``): the larger of the single-device
-            run's distances from the float64 run and from ``build_model()`` trained on
-            one device once more, in float32 (its policy), from the same weights, on the
-            same batches with each batch's rows reversed (``floor_order``).
+            rounding floor (``floor``, ``floor_loss``): the largest of the single-device
+            run's distances from ``build_model()`` trained on one device again, in the
+            float32 runs' precision (its policy), from the same weights, on the same
+            batches in each other summation order of ``FLOOR_ORDERS`` (``floor_orders``);
+            the float64 distance is reported beside it (``reference_single``).
         single_runs: a dict, empty at first, passed again to calls that train the same model on the same
             data with the same options and differ only in ``devices``, ``ratios`` or ``method`` (the
             zoo's cases of one model): the single-device runs (float32, and float64 with
@@ -109,7 +110,7 @@ def compare_training(
             parallel float64 model too).
         skip_float64_parallel_within: with ``reference``, a tolerance: where the float32 runs already
             agree within it (``is_equivalent``), the parallel float64 run is skipped
-            and so is the rounding floor's run (``reference_exact``, ``floor`` and ``floor_loss`` stay None;
+            and so are the rounding floor's runs (``reference_exact``, ``floor`` and ``floor_loss`` stay None;
             ``verdict`` at that tolerance is "exact" without them).
 
     Returns:

@@ -1,18 +1,20 @@
 """The rounding judge fails on planted defects and passes a chaotic but correct net.
 
-``compare_training(reference="float64")`` measures the model's rounding floor (a second
-single-device float32 run, each batch's rows reversed) and trains the parallel model in float64
-too. Before the floor, a parallel run that missed 1e-6 passed as "exact in float64" whenever the
-float64 pair agreed, however far float32 had drifted: a defect of float32 or float16 arithmetic
-alone (a half-precision gradient sum, a cast) could never fail. Each planted defect here is one
-the float64 pair cannot see, or one it can (a dropped mask).
+``compare_training(reference="float64")`` measures the model's rounding floor in the runs' own precision
+(single-device runs in other summation orders: rows reversed, permuted, rotated, and each batch's gradient
+summed from sub-batches of the split's sizes) and trains the parallel model in float64 too. Before the floor, a
+parallel run that missed 1e-6 passed as "exact in float64" whenever the float64 pair agreed, however far float32
+had drifted: a defect of float32 or float16 arithmetic alone (a half-precision gradient sum, a cast, per-device
+loss scaling) could never fail; and while the floor took one float32 device's distance from float64, a chaotic
+model's large one hid such a defect. Each planted defect here is one the float64 pair cannot see, or one it can
+(a dropped mask).
 """
 
 import numpy as np
 import pytest
 
 import harness
-from harness.equivalence import FLOAT64_TOL, FLOOR_FACTOR
+from harness.equivalence import FLOAT64_TOL, FLOOR_FACTOR, FLOOR_ORDERS
 from harness.parallel.mirrored import Mirrored
 
 N = 57  # batch 16: a last batch of 9
@@ -43,41 +45,92 @@ def _plant_low_precision_sum(monkeypatch, dtype: str):
     monkeypatch.setattr(Mirrored, "_sum_replicas", planted)
 
 
-# Measured (mirrored, 3:2): float32 with a float16 sum 1.56e+03 x the floor; mixed_float16 with a float16 sum
-# 5.2 x (3.1e-5 from one device, which is itself 3.2e-5 from float64: within this model's own float16
-# rounding, as accurate), so it is planted there as a bfloat16 sum, 8 bits of mantissa: 51 x.
-@pytest.mark.parametrize(("policy", "sum_dtype"), [(None, "float16"), ("mixed_float16", "bfloat16")])
-def test_a_defect_of_float32_arithmetic_alone_fails(logical_devices, keras3, monkeypatch, policy, sum_dtype):
-    k = keras3
-    _plant_low_precision_sum(monkeypatch, sum_dtype)
+def _mixed_mlp(k, depth=2, width=(32, 16), activation="tanh"):
+    """The mixed-precision guide's model: float16 layers, float32 head. The float64 reference is built under the
+    float64 policy as it is."""
+    mixed = k.config.dtype_policy().name == "float32"
+    k.config.set_dtype_policy("mixed_float16" if mixed else k.config.dtype_policy())
+    try:
+        inputs = h = k.Input((10,))
+        for i in range(depth):
+            h = k.layers.Dense(width[i % len(width)], activation=activation)(h)
+        return k.Model(inputs, k.layers.Activation("linear", dtype="float32")(k.layers.Dense(3)(h)))
+    finally:
+        if mixed:
+            k.config.set_dtype_policy("float32")
+
+
+def _judged(k, build, devices, method="mirrored", epochs=2, lr=0.1, **kwargs):
     x, y = _data()
+    arguments = dict(devices=devices[:2], ratios=[3, 2], method=method, batch_size=16, epochs=epochs,
+                     optimizer=lambda: k.optimizers.SGD(lr),
+                     loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), reference="float64", **kwargs)
+    return harness.compare_training(build, x, y, **arguments), lambda: harness.assert_equivalent(build, x, y,
+                                                                                                 **arguments)
 
-    def build():
-        if policy is None:
-            return _mlp(k)
-        # The mixed-precision guide's model, float32 head; the float64 reference is built under float64 as it is.
-        mixed = k.config.dtype_policy().name == "float32"
-        k.config.set_dtype_policy(policy if mixed else k.config.dtype_policy())
-        try:
-            inputs = k.Input((10,))
-            h = k.layers.Dense(16, activation="tanh")(k.layers.Dense(32, activation="tanh")(inputs))
-            return k.Model(inputs, k.layers.Activation("linear", dtype="float32")(k.layers.Dense(3)(h)))
-        finally:
-            if mixed:
-                k.config.set_dtype_policy("float32")
 
-    report = harness.compare_training(
-        build, x, y, devices=logical_devices[:2], ratios=[3, 2], method="mirrored", batch_size=16, epochs=2,
-        optimizer=lambda: k.optimizers.SGD(0.1), loss=k.losses.SparseCategoricalCrossentropy(from_logits=True),
-        reference="float64")
+# Measured (mirrored, 3:2, at the commit of the same-precision floor): float32 with a float16 sum 1.56e+03 x the
+# floor; mixed_float16 with a float16 sum 14.1 x (it was 5.2 x, "as accurate", when the floor was the larger of
+# the rows reversed and the distance from float64: reversing rows changes nothing there, 2.1e-7, and the float64
+# distance, 3.5e-5, is the model's float16 rounding, not a split's; the sub-batches' order is 3.6e-5, and a
+# correct split lands on it: 1.0 x).
+@pytest.mark.parametrize("policy", [None, "mixed_float16"])
+def test_a_defect_of_float32_arithmetic_alone_fails(logical_devices, keras3, monkeypatch, policy):
+    k = keras3
+    _plant_low_precision_sum(monkeypatch, "float16")
+    report, check = _judged(k, (lambda: _mlp(k)) if policy is None else (lambda: _mixed_mlp(k)), logical_devices)
     # The float64 pair agree (the defect is not there in float64): the old rule called this "exact in float64".
     assert report.reference_exact is not None and report.reference_exact <= FLOAT64_TOL, report.summary()
     assert report.verdict() == "FAIL", report.summary()
     assert report.floor_multiple() > FLOOR_FACTOR, report.summary()
     with pytest.raises(AssertionError, match="rounding floor"):
-        harness.assert_equivalent(build, x, y, devices=logical_devices[:2], ratios=[3, 2], method="mirrored",
-                                  batch_size=16, epochs=2, optimizer=lambda: k.optimizers.SGD(0.1),
-                                  loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), reference="float64")
+        check()
+
+
+def _plant_per_device_loss_scale(monkeypatch, k):
+    """Per-device loss scaling: each device scales its loss by a loss scale of its own (halved on each further
+    device, as a per-device dynamic scale is after an overflow there) and the optimizer unscales the sum by its
+    one. Only under a LossScaleOptimizer: the float64 runs have none, so the float64 pair agree."""
+    import tensorflow as tf
+
+    from harness.parallel.adapters.keras3 import Keras3Adapter
+
+    scale_loss = Keras3Adapter.scale_loss
+
+    def planted(self, optimizer, loss):
+        ctx = tf.distribute.get_replica_context()
+        scaled = scale_loss(self, optimizer, loss)
+        if ctx is None or ctx.num_replicas_in_sync == 1 or not isinstance(optimizer, k.optimizers.LossScaleOptimizer):
+            return scaled
+        return scaled / tf.cast(2 ** ctx.replica_id_in_sync_group, scaled.dtype)
+
+    monkeypatch.setattr(Keras3Adapter, "scale_loss", planted)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_per_device_loss_scaling_fails_on_a_chaotic_model(logical_devices, keras3, monkeypatch, planted):
+    """A deep ReLU net under mixed_float16 (lr 0.1, 12 epochs): float16 rounding grows until one device is 8.4e-2
+    from float64, so a floor that took that distance let the planted defect through (1.2e-1 from one device:
+    1.4 x). The same-precision floor is a split's own rounding (the sub-batches' order, 1.9e-2): a correct split
+    lands on it, the planted one fails at 27 x."""
+    k = keras3
+    if planted:
+        _plant_per_device_loss_scale(monkeypatch, k)
+    report, check = _judged(k, lambda: _mixed_mlp(k, depth=6, width=(24,), activation="relu"), logical_devices,
+                            epochs=12)  # not shared: a kept parallel model keeps the trace it was made with
+    orders = {order.name: order for order in report.floor_orders}
+    assert set(orders) == set(FLOOR_ORDERS) and all(o.weights is not None for o in orders.values())
+    # Reordering rows barely moves a mixed_float16 run; the sub-batches' order is the split's rounding.
+    assert orders["sub-batches"].weights == report.floor > 100 * orders["reversed"].weights, report.summary()
+    assert report.floor < report.reference_single, report.summary()  # the float64 distance is beside, not in it
+    assert report.reference_exact <= FLOAT64_TOL, report.summary()
+    if not planted:
+        assert report.verdict() == "as accurate as one device", report.summary()
+        return
+    assert report.max_deviation < 2 * report.reference_single, report.summary()  # the old floor's blind spot
+    assert report.verdict() == "FAIL" and report.floor_multiple() > FLOOR_FACTOR, report.summary()
+    with pytest.raises(AssertionError, match="rounding floor"):
+        check()
 
 
 def test_a_dropped_mask_fails(logical_devices, keras3):
@@ -137,11 +190,11 @@ def test_a_chaotic_but_correct_net_is_as_accurate_as_one_device(logical_devices,
 
 
 def test_a_mixed_precision_floor_spans_the_optimizer_state(logical_devices, keras3):
-    """The floor covers what the deviation covers. Measured before: the optimizer axis' ftrl/mixed_float16 on its mlp
-    FAILed at 9.0 x a floor of the weights alone (3.5e-5), its largest deviation in Ftrl's `linear` slots (3.1e-4),
-    which the float64 comparison skipped because Keras 3's LossScaleOptimizer lists four variables of its own
-    (iteration, learning rate, step counter, dynamic scale) before its inner optimizer's. After: the slots' own
-    float64 distance (2.6e-4) is in the floor, and the run is as accurate as one device (1.2 x)."""
+    """The floor covers what the deviation covers: each order's distance spans weights and optimizer variables.
+    Measured before: the optimizer axis' ftrl/mixed_float16 on its mlp FAILed at 9.0 x a floor of the weights alone
+    (3.5e-5), its largest deviation in Ftrl's `linear` slots (3.1e-4). With the same-precision floor: reordering
+    rows changes nothing there (0), the sub-batches' order moves those slots 3.1e-4, and the parallel run is as
+    accurate as one device at 1.0 x it."""
     from harness.bench.zoo import optimizers as axis
     from harness.bench.zoo import runner
 
@@ -151,3 +204,23 @@ def test_a_mixed_precision_floor_spans_the_optimizer_state(logical_devices, kera
     assert worst.name.startswith("optimizer/"), report.summary()
     assert any(d.name == worst.name for d in report.reference_diffs_single), report.summary()
     assert report.verdict() == "as accurate as one device", report.summary()
+
+
+def test_a_model_with_its_own_train_step_names_the_order_it_cannot_run(logical_devices, keras3):
+    """The sub-batches' order replaces the model's backward pass inside Keras' own training step; a model with a
+    train_step of its own is not measured in it, and the report says so."""
+    k = keras3
+
+    class OwnStep(k.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    def build():
+        inputs = k.Input((10,))
+        return OwnStep(inputs, k.layers.Dense(3)(k.layers.Dense(8, activation="tanh")(inputs)))
+
+    report, _ = _judged(k, build, logical_devices, method="towers")
+    orders = {order.name: order for order in report.floor_orders}
+    assert orders["sub-batches"].weights is None, report.summary()
+    assert "not measured (the model's own train_step)" in report.summary(), report.summary()
+    assert all(orders[name].weights is not None for name in ("reversed", "permuted", "rotated")), report.summary()

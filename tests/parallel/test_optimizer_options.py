@@ -51,6 +51,16 @@ def _compare(k, devices, make, method, ratios, reference=None):
                                     loss=k.losses.SparseCategoricalCrossentropy(), reference=reference)
 
 
+# The cases that are not exact (1e-6), with the multiple of the rounding floor each was measured at (the worse
+# of weights and loss; tests/parallel/test_optimizer_options.py at the commit of the same-precision floor) and
+# why: every other case below is exact. All the options at once on Keras 3: Adam's step divides by the root of
+# a second moment built from clipped, accumulated gradients, and the EMA overwrite copies the result: float32
+# rounding grows to 1.1e-6 (towers) and 3.3e-6 (mirrored) from one device, as one device's own sub-batch order
+# does (the floor).
+_AMPLIFIED = "Adam on clipped, accumulated gradients with EMA overwrites amplifies float32 rounding"
+AS_ACCURATE = {("keras3", "all_at_once", "towers"): (1.0, _AMPLIFIED),
+               ("keras3", "all_at_once", "mirrored"): (2.89, _AMPLIFIED)}
+
 # Keras 2's optimizers have no gradient_accumulation_steps: those cases exist on Keras 3 only.
 CASES = [(g, option, m) for g in ("keras3", "keras2") for option, (_, keras3_only) in OPTIONS.items()
          if g == "keras3" or not keras3_only for m in METHODS]
@@ -61,10 +71,15 @@ CASES = [(g, option, m) for g in ("keras3", "keras2") for option, (_, keras3_onl
 def test_an_optimizer_option_steps_as_on_one_device(logical_devices, request, generation, option, method):
     k = request.getfixturevalue(generation)
     report = _compare(k, logical_devices[:2], OPTIONS[option][0], method, [3, 2], reference="float64")
-    # All options at once: Adam's step on clipped values amplifies float32 rounding to 1.1e-06 (towers too);
-    # the float64 reference tells that from drift.
-    assert report.verdict() in ("exact", "as accurate as one device"), (report.verdict(), report.summary(),
-                                                                          report.table())
+    pinned = AS_ACCURATE.get((generation, option, method))
+    if pinned is None:
+        assert report.is_equivalent(1e-6), (report.verdict(), report.summary(), report.table())
+        return
+    multiple, why = pinned
+    # Not exact: as accurate as one device (exact in float64, within the floor), at no more than twice the
+    # multiple of the floor it was measured at.
+    assert report.verdict() == "as accurate as one device", (why, report.summary(), report.table())
+    assert report.floor_multiple() <= 2 * multiple, (why, report.summary())
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -150,7 +150,7 @@ def _rows():
         zoo.ZooRow("a", "3", "mirrored", "5:3:2", "FAIL: AssertionError: x | y", math.nan, seconds=0.2),
         zoo.ZooRow("b", "2", "towers", "3:2", "refused: not-here: not here", seconds=0.1),
         zoo.ZooRow("c", "3", "towers", "3:2", "as accurate as one device", 3e-5, 1e-6, 1e-5, 1.2e-5, 0.0, 9.0,
-                   floor=2e-5),
+                   floor=2e-5, floor_multiple=1.5),
         zoo.ZooRow("c", "3", "towers", "even", "FAIL: pinned exact, got as accurate as one device", 3e-3, 1e-6, 1e-5,
                    3e-3, 1e-12, 9.0, traceback="Traceback (most recent call last):\n  planted\n"),
     ]
@@ -214,12 +214,12 @@ def test_the_optimizer_axis_names_what_it_does_not_know(keras3):
 def test_the_overview_has_a_line_per_model_and_the_stamp():
     rows = _rows() + [zoo.ZooRow("mlp", "3", "towers", "3:2", "exact", 0.0, optimizer="adam/clipnorm"),
                       zoo.ZooRow("mlp", "3", "mirrored", "3:2", "as accurate as one device", 2e-6, floor=1e-6,
-                                 optimizer="adam/clipnorm")]
+                                 optimizer="adam/clipnorm", floor_multiple=2.0)]
     text = zoo.overview(rows, stamp="`harness check --zoo` at commit abc")
     lines = text.splitlines()
     assert lines[0] == ("| model | keras | public definition | towers (even, 3:2, 5:3:2) | mirrored (even, 3:2, 5:3:2) "
                         "| worst dev. from one device | dev. / rounding floor |")
-    assert "| c | 3 | - | FAIL, as accurate | - | 3.0e-03 | 1.5 |" in lines  # 3e-5 / 2e-5: the floor's multiple
+    assert "| c | 3 | - | FAIL, as accurate | - | 3.0e-03 | 1.5 |" in lines  # the row's floor multiple
     assert "| a | 3 | - | exact | FAIL | 1.0e-08 | - |" in lines
     assert "| 3 | clipnorm | 2 | 1 | 1 | 0 | 0 |" in lines  # the axis: counts per option
     assert lines[-2:] == ["", "`harness check --zoo` at commit abc"]

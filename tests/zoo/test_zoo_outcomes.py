@@ -145,3 +145,50 @@ def test_a_downgrade_is_not_pinned_unless_named_and_every_change_is_printed(tmp_
     assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|", "c|3|*"]) == 0
     assert outcomes.load(pins) == {("m", "3", "towers", "3:2", ""): "as accurate as one device",
                                    ("c", "3", "towers", "3:2", ""): "refused: jit-compile"}
+
+
+def test_an_as_accurate_pin_records_its_floor_multiple_and_a_run_past_twice_it_fails(tmp_path, monkeypatch, capsys):
+    """An "as accurate" case may drift only within ``MULTIPLE_SLACK`` (2) times the floor multiple it was pinned
+    at: a case that slid from 1.2 x to 5 x its rounding floor is still "as accurate" by the verdict's factor (8),
+    and a FAIL row against its pin; re-pinning it is a downgrade that needs --allow-downgrade."""
+    from harness.cli import main
+
+    def accurate(multiple, split="3:2"):
+        return zoo.ZooRow("m", "3", "towers", split, "as accurate as one device", floor_multiple=multiple)
+
+    pins = tmp_path / "pins.json"
+    monkeypatch.setenv("HARNESS_ZOO_PINS", str(pins))
+    outcomes.write([accurate(1.2345), accurate(0.5, split="even")], pins)
+    assert outcomes.load_multiples(pins) == {("m", "3", "towers", "3:2", ""): 1.23,
+                                             ("m", "3", "towers", "even", ""): 0.5}
+    assert outcomes.judged("as accurate as one device", "as accurate as one device", 2.4, 1.23) == \
+        "as accurate as one device"  # within 2 x
+    slid = outcomes.judged("as accurate as one device", "as accurate as one device", 5.0, 1.23)
+    assert slid.startswith("FAIL: pinned as accurate as one device at 1.23 x") and "got as accurate" in slid
+    assert outcomes.judged("as accurate as one device", "as accurate as one device", float("inf"), 1.23) != \
+        "as accurate as one device"
+    assert outcomes.judged("exact", "as accurate as one device", None, 1.23) == "exact"
+    # From a run's JSON: held to today's pins and multiples, the slid case FAILs and is not re-pinned unasked.
+    run = tmp_path / "run.json"
+    run.write_text(zoo.to_json([accurate(5.0), accurate(0.9, split="even")]))
+    before = pins.read_text()
+    assert main(["check", "--zoo", "--from-json", str(run), "--format", "json"]) == 1
+    assert [r["failed"] for r in json.loads(capsys.readouterr().out)["rows"]] == [True, False]
+    pin = ["check", "--zoo", "--from-json", str(run), "--pin-outcomes", "--format", "json"]
+    assert main(pin) == 1
+    err = capsys.readouterr().err
+    assert ("pin m|3|towers|3:2|: as accurate as one device at 1.23 x -> as accurate as one device at 5 x "
+            "(downgrade)") in err and pins.read_text() == before
+    assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|"]) == 0
+    assert outcomes.load_multiples(pins) == {("m", "3", "towers", "3:2", ""): 5.0,
+                                             ("m", "3", "towers", "even", ""): 0.9}
+    # A pin that stops being "as accurate" loses its multiple.
+    outcomes.write([zoo.ZooRow("m", "3", "towers", "even", "exact")], pins)
+    assert outcomes.load_multiples(pins) == {("m", "3", "towers", "3:2", ""): 5.0}
+
+
+def test_a_multiple_that_is_not_a_number_is_refused(tmp_path):
+    path = tmp_path / "pins.json"
+    path.write_text(json.dumps({"pins": {}, "multiples": {"m|3|towers|3:2|": "1.2"}}))
+    with pytest.raises(InvalidValue, match=r"'m\|3\|towers\|3:2\|': '1.2'"):
+        outcomes.load_multiples(path)

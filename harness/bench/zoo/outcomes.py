@@ -11,6 +11,10 @@ A row meets its pin when it is the pinned kind, or ``exact`` where ``as accurate
 is pinned (closer than required). Anything else is a FAIL row: an exact case that turns ``as
 accurate`` or is refused, a refusal with another reason, a refused case that trains, an error.
 
+An "as accurate" pin also records the multiple of its rounding floor the case came out at (``multiples``
+in the file): a run more than ``MULTIPLE_SLACK`` times that multiple is a FAIL row, and re-pinning it is a
+downgrade like any other.
+
 Re-pinning cannot slip: ``changes`` lists every pin a run would change, and a *downgrade* (exact -> as
 accurate -> refused, ``RANK``) is written only where the case is named in ``--allow-downgrade``
 (``downgrades``); the command prints every change either way.
@@ -29,7 +33,8 @@ from typing import Any
 from harness.errors import InvalidValue
 
 __all__ = ["PINS", "pins_path", "Key", "key_of", "pinned", "load", "outcome_of", "meets", "observed", "missed",
-           "judged", "rejudged", "pins_of", "write", "RANK", "rank", "changes", "downgrades", "describe", "case_name"]
+           "judged", "rejudged", "pins_of", "write", "RANK", "rank", "changes", "downgrades", "describe", "case_name",
+           "load_multiples", "multiples_of", "MULTIPLE_SLACK"]
 
 PINS = Path(__file__).resolve().with_name("outcomes.json")  # the shipped pins
 
@@ -40,6 +45,9 @@ def pins_path() -> Path:
 
 Key = tuple[str, str, str, str, str]  # model, keras ("3"/"2"), method, split, optimizer label ("" in the model zoo)
 _OUTCOMES = ("exact", "as accurate as one device")
+_AS_ACCURATE = _OUTCOMES[1]
+# An "as accurate" case FAILs at more than this many times the floor multiple pinned for it.
+MULTIPLE_SLACK = 2.0
 
 
 def key_of(row: Any) -> Key:
@@ -68,14 +76,7 @@ def load(path: Path | str | None = None) -> dict[Key, str]:
         InvalidValue: the file is not such a JSON object, or an outcome is not one of the kinds above.
     """
     path = pins_path() if path is None else Path(path)
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise InvalidValue(f"{path}: not JSON ({err})") from err
-    if not isinstance(data, dict) or not isinstance(data.get("pins"), dict):
-        raise InvalidValue(f"{path}: expected {{\"pins\": {{\"model|keras|method|split|optimizer\": outcome}}}}")
+    data = _read(path)
     pins: dict[Key, str] = {}
     for text, outcome in data["pins"].items():
         parts = tuple(text.split("|"))
@@ -87,6 +88,40 @@ def load(path: Path | str | None = None) -> dict[Key, str]:
     return pins
 
 
+def _read(path: Path) -> dict:
+    if not path.exists():
+        return {"pins": {}}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InvalidValue(f"{path}: not JSON ({err})") from err
+    if not isinstance(data, dict) or not isinstance(data.get("pins"), dict) or not isinstance(
+            data.get("multiples", {}), dict):
+        raise InvalidValue(f"{path}: expected {{\"pins\": {{\"model|keras|method|split|optimizer\": outcome}}, "
+                           f"\"multiples\": {{\"model|keras|method|split|optimizer\": number}}}}")
+    return data
+
+
+def load_multiples(path: Path | str | None = None) -> dict[Key, float]:
+    """The floor multiple each "as accurate" pin of ``path`` records (``multiples``); none for a case without.
+
+    Raises:
+        InvalidValue: the file is not such a JSON object, or a multiple is not a positive finite number.
+    """
+    import math
+
+    path = pins_path() if path is None else Path(path)
+    multiples: dict[Key, float] = {}
+    for text, value in _read(path).get("multiples", {}).items():
+        parts = tuple(text.split("|"))
+        if len(parts) != 5 or isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value >= 0):
+            raise InvalidValue(f"{path}: a multiple is 'model|keras|method|split|optimizer': a finite number >= 0; "
+                               f"got {text!r}: {value!r}")
+        multiples[parts] = float(value)  # five strings, checked above
+    return multiples
+
+
 def pinned(key: Key, pins: Mapping[Key, str]) -> str:
     """The pinned outcome of ``key``: its pin, else ``"exact"``."""
     return pins.get(key, "exact")
@@ -96,6 +131,8 @@ def outcome_of(status: str) -> str:
     """A row status as an outcome: the verdict, ``refused: <reason id>``, or ``FAIL``."""
     if status in _OUTCOMES:
         return status
+    if status.startswith(_AS_ACCURATE + " at "):  # with its floor multiple (``judged``)
+        return _AS_ACCURATE
     if status.startswith("refused: "):
         return "refused: " + status[len("refused: "):].split(":", 1)[0].strip()
     return "FAIL"
@@ -107,23 +144,45 @@ def meets(status: str, expected: str) -> bool:
     return got == expected or (expected == "as accurate as one device" and got == "exact")
 
 
-def judged(status: str, expected: str) -> str:
+def judged(status: str, expected: str, multiple: float | None = None, pinned_multiple: float | None = None) -> str:
     """``status`` held to the pin ``expected``: as it is where it meets it (or FAILed already), else a FAIL naming
-    the pin it missed."""
-    if status.startswith("FAIL") or meets(status, expected):
+    the pin it missed. An "as accurate" row at ``multiple`` of its rounding floor, where its pin records
+    ``pinned_multiple``, misses it above ``MULTIPLE_SLACK`` times that."""
+    if status.startswith("FAIL"):
         return status
-    return missed(status, expected)
+    if not meets(status, expected):
+        return missed(status, expected)
+    if _grown(status, multiple, pinned_multiple):
+        return missed(f"{status} at {multiple:.3g} x its rounding floor", f"{expected} at {pinned_multiple:.3g} x "
+                      f"(at most {MULTIPLE_SLACK:g} x that)")
+    return status
 
 
-def rejudged(rows: Sequence[Any], pins: Mapping[Key, str]) -> list[Any]:
-    """``rows`` (``ZooRow``) held to ``pins`` instead of the pins they ran with: what a run's JSON says today."""
+def _grown(status: str, multiple: float | None, pinned_multiple: float | None) -> bool:
+    import math
+
+    return (status == _AS_ACCURATE and multiple is not None and pinned_multiple is not None
+            and not (math.isfinite(multiple) and multiple <= MULTIPLE_SLACK * pinned_multiple))
+
+
+def rejudged(rows: Sequence[Any], pins: Mapping[Key, str], multiples: Mapping[Key, float] | None = None) -> list[Any]:
+    """``rows`` (``ZooRow``) held to ``pins`` (and ``multiples``) instead of the pins they ran with: what a run's
+    JSON says today."""
     import dataclasses
 
     out = []
     for row in rows:
         expected = pinned(key_of(row), pins)
-        out.append(dataclasses.replace(row, status=judged(observed(row.status), expected), expected=expected))
+        status = judged(_verdict_of(row.status), expected, getattr(row, "floor_multiple", None),
+                        (multiples or {}).get(key_of(row)))
+        out.append(dataclasses.replace(row, status=status, expected=expected))
     return out
+
+
+def _verdict_of(status: str) -> str:
+    """The verdict a row came out with, its pin and floor multiple set aside."""
+    found = observed(status)
+    return _AS_ACCURATE if outcome_of(found) == _AS_ACCURATE else found
 
 
 def observed(status: str) -> str:
@@ -159,23 +218,39 @@ RANK = {"exact": 0, "as accurate as one device": 1, "refused": 2}  # higher: fur
 
 
 def rank(outcome: str) -> int:
-    """An outcome's ``RANK`` (any refusal ranks as ``refused``)."""
-    return RANK["refused" if outcome.startswith("refused: ") else outcome]
+    """An outcome's ``RANK`` (any refusal ranks as ``refused``; an "as accurate" one with its multiple as "as
+    accurate")."""
+    return RANK["refused" if outcome.startswith("refused: ") else outcome_of(outcome)]
 
 
-def changes(rows: Sequence[Any], pins: Mapping[Key, str]) -> list[tuple[Key, str, str]]:
-    """``(key, pinned, new)`` for each case of ``rows`` whose outcome differs from its pin in ``pins``.
+def multiples_of(rows: Sequence[Any]) -> dict[Key, float]:
+    """The floor multiple of each "as accurate" row of ``rows`` that has one, as pins record it."""
+    import math
+
+    return {key_of(r): float(f"{r.floor_multiple:.3g}") for r in rows
+            if outcome_of(observed(r.status)) == _AS_ACCURATE and getattr(r, "floor_multiple", None) is not None
+            and math.isfinite(r.floor_multiple)}
+
+
+def changes(rows: Sequence[Any], pins: Mapping[Key, str],
+            multiples: Mapping[Key, float] | None = None) -> list[tuple[Key, str, str]]:
+    """``(key, pinned, new)`` for each case of ``rows`` whose outcome differs from its pin in ``pins``, or that
+    stays "as accurate" at more than ``MULTIPLE_SLACK`` times the floor multiple ``multiples`` pins for it
+    (``"as accurate as one device at 1.2 x"`` -> ``... at 5.3 x``, a downgrade).
 
     Raises:
         InvalidValue: a row FAILed otherwise (see ``pins_of``).
     """
     new = pins_of(rows)
+    multiples = multiples or {}
     out = []
     for row in rows:
         key = key_of(row)
         before, after = pinned(key, pins), new.get(key, "exact")
         if before != after:
             out.append((key, before, after))
+        elif _grown(after, getattr(row, "floor_multiple", None), multiples.get(key)):
+            out.append((key, f"{before} at {multiples[key]:.3g} x", f"{after} at {row.floor_multiple:.3g} x"))
     return out
 
 
@@ -186,14 +261,15 @@ def downgrades(found: Sequence[tuple[Key, str, str]], allowed: Sequence[str] = (
     from fnmatch import fnmatchcase
 
     return [(key, before, after) for key, before, after in found
-            if (rank(after) > rank(before) or (rank(after) == rank(before) == RANK["refused"]))
+            if (rank(after) > rank(before) or (rank(after) == rank(before) and rank(after) > 0))
             and not any(fnmatchcase(_text(key), pattern) for pattern in allowed)]
 
 
 def describe(change: tuple[Key, str, str]) -> str:
     """One line for a change of a pin."""
     key, before, after = change
-    how = "downgrade" if rank(after) > rank(before) else "upgrade" if rank(after) < rank(before) else "changed"
+    how = ("downgrade" if rank(after) > rank(before) or (rank(after) == rank(before) == 1)
+           else "upgrade" if rank(after) < rank(before) else "changed")
     return f"{_text(key)}: {before} -> {after} ({how})"
 
 
@@ -205,9 +281,15 @@ def write(rows: Sequence[Any], path: Path | str | None = None) -> dict[Key, str]
         InvalidValue: a row FAILed (see ``pins_of``), or the file holds something else.
     """
     path = pins_path() if path is None else Path(path)
-    pins = {k: v for k, v in load(path).items() if k not in {key_of(r) for r in rows}}
+    ran = {key_of(r) for r in rows}
+    pins = {k: v for k, v in load(path).items() if k not in ran}
     pins.update(pins_of(rows))
-    ordered = {_text(k): pins[k] for k in sorted(pins)}
-    path.write_text(json.dumps({"about": "pinned zoo outcomes (harness/bench/zoo/outcomes.py); written by "
-                                         "harness check --zoo --pin-outcomes", "pins": ordered}, indent=1) + "\n")
+    multiples = {k: v for k, v in load_multiples(path).items() if k not in ran}
+    multiples.update(multiples_of(rows))
+    multiples = {k: v for k, v in multiples.items() if pins.get(k) == _AS_ACCURATE}
+    path.write_text(json.dumps({
+        "about": "pinned zoo outcomes (harness/bench/zoo/outcomes.py); written by harness check --zoo --pin-outcomes; "
+                 "multiples: the rounding-floor multiple of each 'as accurate' pin",
+        "pins": {_text(k): pins[k] for k in sorted(pins)},
+        "multiples": {_text(k): multiples[k] for k in sorted(multiples)}}, indent=1) + "\n")
     return pins

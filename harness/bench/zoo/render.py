@@ -10,7 +10,8 @@ from harness.bench.zoo.runner import KINDS, METHODS, SPLITS, ZooRow, count, fini
 
 __all__ = ["text_table", "markdown", "to_json", "from_json", "summary", "overview"]
 
-# floor: the rounding floor (one device vs one device with each batch's rows reversed); f64: distance from
+# floor: the rounding floor (one device vs one device in other summation orders: harness.equivalence.FLOOR_ORDERS,
+# in the run's own precision); f64: distance from
 # the float64 run of one device (one float32 device; the parallel float32 run; the parallel model trained in float64).
 _HEADER = ("model", "keras", "method", "split", "max dev", "loss dev", "floor", "f64: 1 dev", "f64: par", "f64: par64",
            "s", "status")
@@ -67,7 +68,8 @@ def markdown(rows: Sequence[ZooRow]) -> str:
     return "\n".join(lines + ["", summary(rows)])
 
 
-_FIGURES = ("max_deviation", "loss_deviation", "reference_single", "reference_parallel", "reference_exact", "floor")
+_FIGURES = ("max_deviation", "loss_deviation", "reference_single", "reference_parallel", "reference_exact", "floor",
+            "floor_multiple")
 
 
 def to_json(rows: Sequence[ZooRow], stamp: str = "") -> str:
@@ -123,8 +125,7 @@ def overview(rows: Sequence[ZooRow], stamp: str = "") -> str:
                          if r.method == method]
                 cells.append("-" if not kinds else kinds[0] if len(set(kinds)) == 1 else ", ".join(kinds))
             devs = [d for d in (finite(r.max_deviation) for r in own) if d is not None]
-            multiples = [d / f for d, f in ((finite(r.max_deviation), finite(r.floor)) for r in own)
-                         if d is not None and f]
+            multiples = [m for m in (finite(r.floor_multiple) for r in own) if m is not None]
             worst = f"{max(devs):.1e}" if devs else "-"
             multiple = f"{max(multiples):.2g}" if multiples else "-"
             lines.append(f"| {model} | {keras} | {sources.get(model, '-')} | " + " | ".join(cells)

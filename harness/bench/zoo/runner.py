@@ -52,9 +52,10 @@ class ZooRow:
     reference_exact: float | None = None  # the parallel model in float64 vs one device in float64 (not run if exact)
     seconds: float = 0.0
     optimizer: str = ""  # the optimizer axis' "optimizer/option" (``harness.bench.zoo.optimizers``); "" elsewhere
-    floor: float | None = None  # the rounding floor: one device vs one device in another summation order
+    floor: float | None = None  # the rounding floor: one device vs one device in the other summation orders
     expected: str = "exact"  # the case's pinned outcome (``harness.bench.zoo.outcomes``)
     traceback: str = ""  # an error's whole traceback, where the case raised something other than a refusal
+    floor_multiple: float | None = None  # the parallel run's distance from one device in multiples of the floor
 
     @property
     def failed(self) -> bool:
@@ -154,16 +155,17 @@ def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, met
     """Each ``(entry, optimizer label, reference)`` x method x split, one row each, in order."""
     from harness.bench.zoo import outcomes
 
-    pins = outcomes.load()
+    pins, multiples = outcomes.load(), outcomes.load_multiples()
     total = len(entries) * len(methods) * len(splits)
     rows: list[ZooRow] = []
     for entry, label, reference in entries:
         kept: dict = {}  # the model's single-device runs and traced parallel models, shared by its cases
         for method in methods:
             for split in splits:
+                key = (entry.name, keras, method, split, label)
                 row = run_case(entry, k, keras, method, split, devices, reference=reference, tol=tol,
-                               single_runs=kept, expected=outcomes.pinned((entry.name, keras, method, split, label),
-                                                                          pins))
+                               single_runs=kept, expected=outcomes.pinned(key, pins),
+                               pinned_multiple=multiples.get(key))
                 rows.append(dataclasses.replace(row, optimizer=label) if label else row)
                 if progress is not None:
                     progress(rows[-1], len(rows), total)
@@ -181,19 +183,22 @@ def _devices(devices: Sequence[str] | None, needed: int) -> list[str]:
 
 def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: Sequence[str],
              reference: str | None = "float64", tol: float = 1e-6, single_runs: dict | None = None,
-             expected: str | None = None) -> ZooRow:
+             expected: str | None = None, pinned_multiple: float | None = None) -> ZooRow:
     """One conformance case: ``entry`` on Keras module ``k``, ``method``, split ``split``; never raises.
 
     ``single_runs``: a dict shared by the cases of one model (``compare_training``'s): its
     single-device runs are trained by the first case and reused by the others, and so is the
     parallel model of each method and device count (``set_ratios`` between splits: no retrace).
     ``expected``: the case's pinned outcome (default: its pin in ``harness.bench.zoo.outcomes``); a row
-    that does not meet it is a FAIL.
+    that does not meet it is a FAIL. ``pinned_multiple``: the floor multiple an "as accurate" pin records (default:
+    the case's in ``harness.bench.zoo.outcomes``); a row more than ``MULTIPLE_SLACK`` times it is a FAIL.
     """
     from harness.bench.zoo import outcomes
 
     if expected is None:
-        expected = outcomes.pinned((entry.name, keras, method, split, ""), outcomes.load())
+        key = (entry.name, keras, method, split, "")
+        expected = outcomes.pinned(key, outcomes.load())
+        pinned_multiple = outcomes.load_multiples().get(key)
     start = time.perf_counter()
     try:
         with _full_tracebacks(k):
@@ -204,11 +209,13 @@ def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: S
         return ZooRow(entry.name, keras, method, split, status, seconds=time.perf_counter() - start,
                       expected=expected, traceback=trace)
     seconds = time.perf_counter() - start
-    status = outcomes.judged(_verdict(report, tol), expected)
+    multiple = None if report.floor is None else report.floor_multiple()
+    status = outcomes.judged(_verdict(report, tol), expected, multiple, pinned_multiple)
     return ZooRow(entry.name, keras, method, split, status, max_deviation=report.max_deviation,
                   loss_deviation=report.max_loss_deviation,
                   reference_single=report.reference_single, reference_parallel=report.reference_parallel,
-                  reference_exact=report.reference_exact, seconds=seconds, floor=report.floor, expected=expected)
+                  reference_exact=report.reference_exact, seconds=seconds, floor=report.floor, expected=expected,
+                  floor_multiple=multiple)
 
 
 def _compare(entry: ZooEntry, k, method: str, ratios: tuple[int, ...], devices: Sequence[str],

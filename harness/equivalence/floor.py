@@ -1,0 +1,129 @@
+"""The rounding floor: single-device runs in the compared runs' own precision that differ from the single-device
+run only in the order of their sums (``FLOOR_ORDERS``).
+
+Three reorder each batch's rows (reversed, a fixed permutation, a rotation): every batch reduction adds in
+another order. The fourth keeps the rows and sums each batch's gradient from sub-batches of the split's own
+sizes, as a split does: Keras' own training step, one forward pass over the whole batch and the loss of the
+whole batch, but the model's backward pass run once per sub-batch (the cotangents of the other rows set to 0)
+and the sub-batches' gradients added in their order. The backward pass is linear in the cotangents, so the sum
+is the batch's gradient for any model, batch-dependent layers included; only its rounding differs, and it
+differs as a split's does (each device's partial sums rounded in the model's precision before they are added).
+Where reordering rows changes nothing (float16 products summed in a float32 accumulator under mixed_float16 on
+a CPU) this is the order that measures the rounding a split brings.
+
+Nothing here runs harness' parallel code, nor its adapters' arithmetic (loss, loss scaling, the optimizer
+step are Keras' own): a defect there cannot widen the floor it is judged against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# name -> what differs from the single-device run
+FLOOR_ORDERS = {
+    "reversed": "each batch's rows reversed",
+    "permuted": "each batch's rows in a fixed random permutation",
+    "rotated": "each batch's rows rotated by half the batch",
+    "sub-batches": "each batch's gradient summed from sub-batches of the split's sizes",
+}
+_PERMUTATION_SEED = 20261128
+
+
+def batch_order(name: str, n: int, batch_size: int) -> np.ndarray:
+    """The sample order of the row-order ``name`` (``reversed``, ``permuted``, ``rotated``): each batch of
+    ``batch_size`` (the last one partial) reordered in itself."""
+    rng = np.random.default_rng(_PERMUTATION_SEED)
+    parts = []
+    for start in range(0, n, batch_size):
+        rows = np.arange(start, min(start + batch_size, n))
+        if name == "reversed":
+            rows = rows[::-1]
+        elif name == "permuted":
+            rows = rows[rng.permutation(len(rows))]
+        elif name == "rotated":
+            rows = np.roll(rows, len(rows) // 2)
+        else:
+            raise ValueError(f"no row order {name!r}")
+        parts.append(rows)
+    return np.concatenate(parts)
+
+
+def sub_batch_steps(model, ratios: Sequence[float]) -> str | None:
+    """Makes ``model`` (compiled, one device) sum each batch's gradient from sub-batches of the sizes a split by
+    ``ratios`` gives: its call's backward pass runs once per sub-batch. Keras' own training step does the rest
+    (loss, loss scaling, the optimizer, the metrics). None, or why this model cannot (its own training step:
+    what it calls is its own)."""
+    from harness.parallel.adapters import adapter_for
+
+    adapter = adapter_for(model)
+    own = adapter.own_steps(model)
+    if own:
+        return f"the model's own {', '.join(own)}"
+    model.call = _partitioned(model.call, adapter, tuple(float(r) for r in ratios))
+    return None
+
+
+def _partitioned(call, adapter, ratios: tuple[float, ...]):
+    """``call`` whose backward pass is the sum, in sub-batch order, of one backward pass per sub-batch (the
+    cotangents of the other rows 0): the same gradient, rounded as a split rounds it."""
+    import tensorflow as tf
+
+    from harness.parallel import slicing
+
+    def partitioned(inputs, *args, **kwargs):
+        flat_in = tf.nest.flatten(inputs)
+        made: dict[str, Any] = {}
+
+        @tf.custom_gradient
+        def forward(*flat):
+            with tf.GradientTape(persistent=True) as tape:
+                tape.watch([t for t in flat if t.dtype.is_floating])
+                out = call(tf.nest.pack_sequence_as(inputs, list(flat)), *args, **kwargs)
+            outs = tf.nest.flatten(out)
+            # Keras keeps a softmax output's logits on it (its cross-entropy reads them) and masks: returned
+            # beside the outputs, attached again outside.
+            logits = [adapter.get_logits(o) for o in outs]
+            made.update(out=out, outs=outs, logits=logits)
+            results = outs + [t for t in logits if t is not None]
+
+            def grad(*upstream, variables=None):
+                n = tf.shape(results[0])[0]
+                sizes = slicing.split_sizes(n, ratios)
+                ends = tf.cumsum(sizes)
+                rows = tf.range(n)
+                sources = list(flat) + list(variables or ())
+                total: list[Any] = [None] * len(sources)
+                for i in range(len(ratios)):
+                    inside = tf.logical_and(rows >= ends[i] - sizes[i], rows < ends[i])
+                    pairs = [(r, u * tf.reshape(tf.cast(inside, u.dtype), [-1] + [1] * (u.shape.rank - 1)))
+                             for r, u in zip(results, upstream) if u is not None]
+                    grads = tape.gradient([p[0] for p in pairs], sources, output_gradients=[p[1] for p in pairs],
+                                          unconnected_gradients=tf.UnconnectedGradients.NONE)
+                    total = [_add(t, g) for t, g in zip(total, grads)]
+                return total[:len(flat)], total[len(flat):]
+
+            return results, grad
+
+        results = forward(*flat_in)
+        outs = list(results[:len(made["outs"])])
+        kept = iter(results[len(made["outs"]):])
+        for i, (inner, logits) in enumerate(zip(made["outs"], made["logits"])):
+            if logits is not None:
+                adapter.set_logits(outs[i], next(kept))
+            mask = adapter.get_mask(inner)
+            if mask is not None:
+                adapter.set_mask(outs[i], mask)
+        return tf.nest.pack_sequence_as(made["out"], outs)
+
+    return partitioned
+def _add(total, grad):
+    import tensorflow as tf
+
+    if grad is None:
+        return total
+    if isinstance(grad, tf.IndexedSlices):
+        grad = tf.convert_to_tensor(grad)
+    return grad if total is None else total + grad
