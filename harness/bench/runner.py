@@ -29,6 +29,9 @@ SOURCES = {
     "nvml": "GPU: util, memory, power, temperature and clock from NVML at 10 Hz; samples/s = batch x steps / "
             "window seconds (not measured per GPU)",
     "share": "logical CPU, no per-device measurement: samples/s = batch x steps / window seconds",
+    "emulated, modelled link": "emulated device on an emulated link: as emulated, and its transfers are the link "
+                               "model's sleeps (latency + bytes / bandwidth; with the overlap, the forward pass taken "
+                               "as a third of the compute, an assumption): its figures are modelled, not measured",
 }
 
 
@@ -372,7 +375,7 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
         if device in busy:
             row.update(busy_seconds=busy[device].seconds, busy_fraction=busy[device].seconds / window.seconds,
                        busy_rate=busy[device].rate)
-        if row["source"] == "emulated":
+        if row["source"] == "emulated":  # (its link, if any, below: "emulated, modelled link")
             # rows_per_step: the rows the device's slices held, as it received them (how the input was split)
             row.update(emulated_rate=emulator.devices[device].rate, logged_steps=busy[device].steps,
                        rows_per_step=busy[device].samples / busy[device].steps if busy[device].steps else None,
@@ -380,7 +383,7 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
                        host_bound=busy[device].host_bound)
             if emulator.devices[device].link is not None:  # what crossed its link, and the share of its busy time
                 b = busy[device]
-                row.update(link=emulator.devices[device].link.to_json(),
+                row.update(source="emulated, modelled link", link=emulator.devices[device].link.to_json(),
                            moved_bytes_per_step=b.moved_bytes / b.steps if b.steps else None,
                            link_fraction=b.link_seconds / b.seconds if b.seconds > 0 else None)
         stats = gpu_stats.get(gpu_index(device)) if gpu_stats else None

@@ -180,6 +180,8 @@ def _overlaps(args, setup) -> tuple[bool, ...]:
 
 def _report(args, out, rows: list[dict], setup) -> int:
     """The comparison table, harness over stock, the chart; the record finished."""
+    for row in rows:  # how the link model made the row's figure (None: measured as it ran, no link modelled)
+        row["modelled"] = charging(row)
     out.record["versus_stock"] = versus_stock(rows)
     out.record["overlap_gain"] = overlap_gain(rows)
     out.finish(status="complete")
@@ -192,9 +194,14 @@ def _report(args, out, rows: list[dict], setup) -> int:
         print("\n" + table)
         print(f"ratio split from {out.record['ratio_source']}")
         for entry in out.record["versus_stock"]:
-            print(f"{entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x")
+            if entry["ratio"] is None:
+                print(f"{entry['row']} / {entry['baseline']}: not compared: {entry['withheld']}")
+            else:
+                print(f"{entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x"
+                      + (" (modelled links)" if entry["modelled"] else ""))
         for entry in out.record["overlap_gain"]:
-            print(f"overlap: {entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x")
+            print(f"overlap: {entry['row']} / {entry['baseline']}: {entry['ratio']:.2f}x"
+                  + (" (modelled: the link model's gain)" if entry["modelled"] else ""))
         if plot is not None:
             print(f"chart: {plot}")
     _warn_host_bound(rows)
@@ -355,8 +362,13 @@ def versus_stock(rows: list[dict]) -> list[dict]:
     - the single-device wrapper over plain Keras, the whole batch on the same device (its overhead);
     - each even split over Keras ``fit`` under a stock MirroredStrategy (the same split: what harness'
       exact step costs or gains), and over plain Keras on one device.
+
+    On emulated links a pair whose two rows the link model charges differently (``charging``: harness' rows
+    overlap their copies with the step, the stock baseline's are inside its step) has no ratio: ``ratio`` None,
+    ``withheld`` saying why. A ratio of rows charged alike on links is ``modelled``.
     """
     by_label = {row["label"]: _median(row) for row in rows}
+    rows_by_label = {row["label"]: row for row in rows}
     one = next((row["label"] for row in rows if row["config"]["method"] == "keras"
                 and len(row["config"]["devices"]) == 1), None)
     pairs = []
@@ -366,15 +378,55 @@ def versus_stock(rows: list[dict]) -> list[dict]:
             pairs.append((label, one))
         elif method != "keras" and label.startswith("even "):
             pairs += [(label, "even keras"), (label, one)]
-    return [{"row": row, "baseline": base, "ratio": by_label[row] / by_label[base]}
-            for row, base in pairs if base is not None and by_label.get(row) and by_label.get(base)]
+    out = []
+    for label, base in pairs:
+        if base is None or not by_label.get(label) or not by_label.get(base):
+            continue
+        mine, theirs = charging(rows_by_label[label]), charging(rows_by_label[base])
+        if mine != theirs:
+            out.append({"row": label, "baseline": base, "ratio": None,
+                        "withheld": f"modelled links charged unequally ({label}: {mine or 'no link'}; "
+                                    f"{base}: {theirs or 'no link'})"})
+        else:
+            out.append({"row": label, "baseline": base, "ratio": by_label[label] / by_label[base],
+                        "modelled": mine is not None})
+    return out
 
 
 def overlap_gain(rows: list[dict]) -> list[dict]:
-    """Each row with the overlap over its twin without it (``--overlap both``), measured in this run."""
+    """Each row with the overlap over its twin without it (``--overlap both``), measured in this run; on emulated
+    links the gain is the link model's (``modelled``)."""
     by_label = {row["label"]: _median(row) for row in rows}
-    return [{"row": label, "baseline": f"{label} no overlap", "ratio": value / by_label[f"{label} no overlap"]}
+    linked = {row["label"]: charging(row) is not None for row in rows}
+    return [{"row": label, "baseline": f"{label} no overlap", "ratio": value / by_label[f"{label} no overlap"],
+             "modelled": linked[label]}
             for label, value in by_label.items() if value and by_label.get(f"{label} no overlap")]
+
+
+def charging(row: dict) -> str | None:
+    """How the link model charges ``row``'s transfers, where an emulated device has a link (None: no link, the
+    figure is measured, not modelled): ``serial`` (every copy inside the step, one after the other: the stock
+    baseline, and harness' rows without the overlap) or ``overlapped`` (the next slice copied beside the step,
+    the weights in and the gradients out beside the compute, the forward pass taken as ``FORWARD_SHARE`` of it:
+    an assumption)."""
+    config = row["config"]
+    if not any(isinstance(e, dict) and e.get("link") for e in config.get("emulate") or ()):
+        return None
+    if config["method"] == "keras" or not config.get("overlap", True):
+        return "serial"
+    return "overlapped"
+
+
+def _modelled(row: dict) -> str:
+    """The status' note of a row whose figure the link model makes."""
+    how = charging(row)
+    if how is None:
+        return ""
+    if how == "serial":
+        return "; modelled links: copies inside the step"
+    from harness.emulate import FORWARD_SHARE
+
+    return f"; modelled links: copies beside the step (forward share {FORWARD_SHARE:.2g}, assumed)"
 
 
 def stock_fidelity(model: str, size: str, batch: int, devices, data: str | None = None) -> dict:
@@ -419,6 +471,7 @@ def _status(row: dict) -> str:
         return f"{row['status']}: {row['error']}"
     bound = host_bound(row)
     status = "ok" if not bound else "HOST-BOUND: " + ", ".join(_short(d["device"]) for d in bound)
+    status += _modelled(row)
     return status if "fidelity" not in row else f"{status}; stock Keras {fidelity_text(row['fidelity'])}"
 
 

@@ -162,10 +162,16 @@ def test_a_train_function_made_again_mid_fit_keeps_the_staged_batch(logical_devi
 
 @pytest.mark.parametrize("method", METHODS)
 def test_an_overlapped_step_pays_only_what_its_transfers_add_beyond_its_compute(logical_devices, any_keras, method):
-    """With the overlap, the device off the merge device reads the weights while its forward pass runs and sends
-    its gradients and outputs while its backward pass runs (a third and two thirds of its compute: emulate.
-    FORWARD_SHARE): its step lasts the slowest of those paths, within 10%, and the link time it logs is what
-    they add to the compute. Without the overlap (test_emulate) every transfer adds to the step."""
+    """The link model's overlapped step, as the emulator charges it: the device off the merge device reads the
+    weights while its forward pass runs and sends its gradients and outputs while its backward pass runs (a
+    third and two thirds of its compute: emulate.FORWARD_SHARE, an assumption). Those transfers are no ops of
+    their own on a CPU: one deadline models them (``EmulatedDevice.overlapped_seconds``), so what this checks is
+    the emulator's charge, not a concurrency it could observe (figures made so are labelled modelled:
+    ``harness compare``'s status, ``harness run``'s "emulated, modelled link"). The concurrency that does run,
+    the next slice's copy beside the step, is observed by its timestamps in
+    test_staging_hides_the_slice_copy_behind_the_step. The step lasts the slowest of those paths, within 10%,
+    and the link time it logs is what they add to the compute. Without the overlap (test_emulate) every
+    transfer adds to the step."""
     k, devices = any_keras, logical_devices[:2]
     features, rows, gb_per_s, latency_us, rate = 2000, 40, 0.004, 100.0, 500.0
     x = np.random.default_rng(0).normal(size=(rows * 6, features)).astype("float32")
@@ -189,7 +195,7 @@ def test_an_overlapped_step_pays_only_what_its_transfers_add_beyond_its_compute(
     forward_end = max(compute / 3, reads)
     # The last tensor out leaves after the backward pass: one of the average size sent.
     end = max(forward_end + 2 * compute / 3 + link(sent / (len(weights) + 1), 1), forward_end + sends)
-    assert end < compute + reads + sends - 0.02  # the overlap hides more than 20 ms of the 73 ms
+    # (with these figures the overlap would hide more than 20 ms of the 73 ms the transfers take one after another)
     busy = [e.end - e.start for e in steps]
     assert float(np.median(busy)) == pytest.approx(end, rel=0.10), (busy, end)
     assert [e.link for e in steps] == pytest.approx([end - compute] * len(steps), rel=1e-6)

@@ -149,8 +149,37 @@ def test_versus_stock_pairs_each_harness_row_with_the_stock_row_it_replaces():
             row("even towers", "towers", two, 120.0), row("even mirrored", "mirrored", two, None),
             row("ratio towers", "towers", two, 130.0)]
     assert versus_stock(rows) == [
-        {"row": "CPU:0 whole", "baseline": "CPU:0 keras", "ratio": 0.95},
-        {"row": "even towers", "baseline": "even keras", "ratio": 1.5},
-        {"row": "even towers", "baseline": "CPU:0 keras", "ratio": 1.2},
+        {"row": "CPU:0 whole", "baseline": "CPU:0 keras", "ratio": 0.95, "modelled": False},
+        {"row": "even towers", "baseline": "even keras", "ratio": 1.5, "modelled": False},
+        {"row": "even towers", "baseline": "CPU:0 keras", "ratio": 1.2, "modelled": False},
     ]  # a row that did not complete, and the ratio split (no stock row splits so), are left out
     assert versus_stock(rows[:2] + rows[4:]) == []  # no stock rows: nothing to compare with
+
+
+def test_on_emulated_links_a_ratio_of_rows_charged_differently_is_withheld_and_the_rest_say_modelled():
+    """The link model charges harness' overlapped rows their copies beside the step and the stock baseline its
+    copies inside its step: their ratio would be the model's charging, not the methods'. Rows charged alike
+    (serial: harness without the overlap beside stock) keep their ratio, labelled modelled."""
+    from harness.cli.compare import _status, charging, overlap_gain, versus_stock
+
+    link = {"rate": 600.0, "max_batch": None, "overhead_ms": 0.0, "link": {"gb_per_s": 0.004, "latency_us": 10.0}}
+    two = ["/device:CPU:0", "/device:CPU:1"]
+
+    def row(label, method, value, overlap=True, emulate=(link, link)):
+        return {"label": label, "status": "complete", "config": {
+            "method": method, "devices": two, "emulate": list(emulate), "overlap": overlap},
+                "summary": {"samples_per_second": {"median": value}, "devices": []}}
+
+    rows = [row("even keras", "keras", 100.0), row("even towers", "towers", 190.0),
+            row("even mirrored", "mirrored", 120.0, overlap=False), row("tuned towers", "towers", 200.0),
+            row("tuned towers no overlap", "towers", 90.0, overlap=False)]
+    assert [charging(r) for r in rows] == ["serial", "overlapped", "serial", "overlapped", "serial"]
+    assert charging(row("even towers", "towers", 1.0, emulate=({**link, "link": None},) * 2)) is None
+    found = versus_stock(rows)
+    assert found[0] == {"row": "even towers", "baseline": "even keras", "ratio": None, "withheld": (
+        "modelled links charged unequally (even towers: overlapped; even keras: serial)")}
+    assert found[1] == {"row": "even mirrored", "baseline": "even keras", "ratio": 1.2, "modelled": True}
+    assert overlap_gain(rows) == [{"row": "tuned towers", "baseline": "tuned towers no overlap",
+                                   "ratio": 200.0 / 90.0, "modelled": True}]
+    assert _status(rows[0]) == "ok; modelled links: copies inside the step"
+    assert _status(rows[1]).startswith("ok; modelled links: copies beside the step (forward share 0.33, assumed)")
