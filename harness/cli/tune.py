@@ -154,9 +154,9 @@ def summary_text(result: dict) -> str:
 
     choice, verify = result["choice"], result["verify"]
     rows = []
-    for name in ("tuned", "even", "keras"):  # keras: the stock baseline on the even split
+    for name in ("tuned", "ratio", "even", "keras"):  # keras: the stock baseline on the even split
         v = verify.get(name)
-        if v is None:
+        if v is None or v.get("status") == "not run":
             continue
         rows.append([name, "/".join(str(b) for b in v["batches"]), f"{v['predicted_samples_per_second']:.0f}",
                      "-" if v["samples_per_second"] is None else f"{v['samples_per_second']:.0f}",
@@ -168,6 +168,10 @@ def summary_text(result: dict) -> str:
     flags = " ".join(str(choice["batches"][i]) for i in used)
     ratios = ":".join(f"{choice['batches'][i] / choice['global_batch']:.3f}" for i in used)
     lines = [table]
+    kept = verify.get("kept")
+    if kept:
+        lines.append(f"kept: the {kept['split']} split {'/'.join(str(b) for b in kept['batches'])} "
+                     f"({kept['why']}; ratio: the global batch divided by the devices' measured speeds alone)")
     if verify.get("even", {}).get("note", "same global batch") != "same global batch":
         lines.append(f"even: {verify['even']['note']}")
     if verify.get("keras", {}).get("note"):

@@ -117,11 +117,47 @@ def test_the_even_split_runs_the_tuned_splits_trace(method):
     verify = out["verify"]
     assert verify["tuned"]["batches"] != verify["even"]["batches"] and verify["even"]["status"] == "complete"
     runs = [(line, calls) for line, calls in out["seen"] if line.startswith(("verifying: ", "    measured"))]
-    tuned, even, stock = (i for i, (line, _) in enumerate(runs)
-                          if line.startswith("verifying: ") and "alone" not in line)
-    assert [runs[i][0].split(":")[1].split()[0] for i in (tuned, even, stock)] == [method, method, "keras"], runs
+    tuned, *others, stock = (i for i, (line, _) in enumerate(runs)
+                             if line.startswith("verifying: ") and "alone" not in line)
+    # the tuned split, the ratio split where it differs, the even split, the stock baseline
+    assert [runs[i][0].split(":")[1].split()[0] for i in (tuned, *others, stock)] == [
+        method, *[method] * len(others), "keras"], runs
+    assert len(others) == (2 if verify["ratio"]["batches"] != verify["tuned"]["batches"] else 1), verify["ratio"]
     assert runs[tuned + 1][1] > runs[tuned][1]  # the tuned split's run traced the step
-    assert runs[even + 1][1] == runs[even][1], runs  # the even split's traced nothing
+    assert all(runs[i + 1][1] == runs[i][1] for i in others), runs  # the ratio and even splits' traced nothing
+
+
+_PLANTED_CHOICE = """
+import json, harness
+from harness.bench.tuning import solver
+from harness.bench.tuning.tuner import tune
+from harness.emulate import parse_emulate
+best = solver.best_split
+def planted(models, ceilings):  # the tuner's choice reversed: the slow device gets the fast one's share
+    split = best(models, ceilings)
+    return solver.predict(models, split.batches[::-1])
+solver.best_split = planted
+devices = harness.use_logical_devices(2, inter_op_threads=4)
+record = tune("mnist_maxing", devices=devices, emulate=parse_emulate("20000:300,10000:300"), method="towers",
+              verify_seconds=0.2, verify_windows=2, max_step_s=0.2, compare_even=False)
+print(json.dumps({"verify": record["verify"], "choice": record["choice"]}))
+"""
+
+
+@pytest.mark.extended
+def test_the_verification_keeps_the_ratio_split_where_it_measures_faster():
+    """The tuner's verification measures the ratio split (the global batch divided by the devices' measured speeds
+    alone) beside its own and keeps the faster, saying which and by how much. The planted defect, a solver that
+    gives the slow device the fast one's share, loses to the ratio split: the recommendation is the ratio split."""
+    out = json.loads(run_python(_PLANTED_CHOICE))
+    verify, choice = out["verify"], out["choice"]
+    tuned, ratio, kept = verify["tuned"], verify["ratio"], verify["kept"]
+    assert tuned["batches"][0] < tuned["batches"][1] and ratio["batches"][0] > ratio["batches"][1], verify
+    assert ratio["status"] == "complete" and ratio["samples_per_second"] > tuned["samples_per_second"]
+    assert kept["split"] == "ratio" and kept["over"] == "tuned" and kept["faster"] > 1.05, kept  # 1.18 here
+    assert kept["why"].startswith(f"{kept['faster']:.3f}x the tuned split's")
+    assert choice["kept"] == "ratio" and choice["batches"] == ratio["batches"]
+    assert choice["tuned_batches"] == tuned["batches"]
 
 
 @pytest.mark.timing

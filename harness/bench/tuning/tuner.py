@@ -72,7 +72,9 @@ def tune(
         max_step_s: the ceiling search stops growing after a step this slow (see ``probe_device``).
         verify_seconds: timing of the verification runs: seconds per window.
         verify_windows: timing of the verification runs: windows per run.
-        compare_even: also run the even split of the same global batch.
+        compare_even: also run the even split of the same global batch. (The ratio split, the global batch
+            divided by the devices' measured speeds alone, is always measured beside the tuned one, and the
+            faster of the two is the choice: ``verify["kept"]``, ``choice["kept"]``.)
         seed: weights and data seed.
         on_event: called with a line of progress text.
         data: a reference to your model's data function (``--data``), for a model of your own.
@@ -116,6 +118,14 @@ def tune(
     t0 = time.perf_counter()
     record["verify"] = _verify(model, size, devices, specs, probes, split, models, method, verify_seconds,
                                verify_windows, compare_even, seed, say, data)
+    kept = record["verify"].get("kept") or {}
+    if kept.get("split") == "ratio":  # the ratio split measured faster: it is the recommendation
+        choice = record["choice"]
+        choice.update(tuned_batches=choice["batches"], batches=list(kept["batches"]), kept="ratio",
+                      ratios=[b / choice["global_batch"] for b in kept["batches"]],
+                      used=[i for i, b in enumerate(kept["batches"]) if b > 0])
+    else:
+        record["choice"]["kept"] = "tuned"
     record["seconds"]["verify"] = time.perf_counter() - t0
     record["seconds"]["total"] = time.perf_counter() - began
     record["host_bound"] = host_bound_entries(record)
@@ -356,10 +366,9 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     tuned_solo = _solo(probes, split.batches, seconds, say, specs=specs, bound=alone_bound)
     even, even_solo = _even_solo(probes, split, ceilings, seconds, say) if compare_even else (split.batches, None)
     release_probes(probe for probe, _ in probes)  # free the probe models before the parallel ones take the memory
-    # The tuned and the even split train one model, the even split set by set_ratios: its step runs the tuned one's
-    # trace (staging: a step traced for any batch of at least the device count), not a trace of its own.
-    shared = {} if compare_even and tuple(even) != tuple(split.batches) and all(
-        b > 0 for b in (*even, *split.batches)) else None
+    # The tuned, the ratio and the even split train one model, each split set by set_ratios: its step runs the tuned
+    # one's trace (staging: a step traced for any batch of at least the device count), not a trace of its own.
+    shared = {} if all(b > 0 for b in (*even, *split.batches)) else None
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
                               split.samples_per_second, tuned_solo, data, shared)}
     if alone_bound:
@@ -371,6 +380,8 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     elif compare_even:
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
                                 predict(models, even).samples_per_second, even_solo, data, shared)
+    _verify_ratio(out, model, size, devices, specs, split, models, ceilings, method, seconds, windows, seed, say,
+                  even_solo or tuned_solo, data, shared)
     shared = None  # its model's memory is the stock baseline's
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
@@ -386,6 +397,46 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
                 out["keras"]["note"] = (f"global batch {sum(stock)}: Keras' even split needs a multiple of "
                                         f"{len(even)} devices ({sum(even)} less its remainder)")
     return out
+
+
+def _verify_ratio(out: dict, model, size, devices, specs, split, models, ceilings, method, seconds, windows, seed, say,
+                  solo, data, shared) -> None:
+    """Measures the split a user without the tuner would take, the global batch divided by the devices' measured
+    speeds alone (``solo``: at the even split, else at the tuned one), beside the tuned split; ``out["kept"]`` is
+    the faster of the two by measured samples/s, with how much faster, and ``out["ratio"]`` the ratio split's
+    run (or why it was not run: a device's speed unknown, a slice beyond its memory ceiling)."""
+    from harness.bench.tuning.solver import predict
+    from harness.split import split_batch
+
+    tuned = out["tuned"]
+    rates = [r for r in solo or ()]
+    if len(rates) != len(split.batches) or any(r is None or not r > 0 for r in rates):
+        out["ratio"] = {"batches": None, "status": "not run", "note": "a device's speed alone is unknown"}
+        out["kept"] = {"split": "tuned", "batches": list(split.batches), "why": out["ratio"]["note"]}
+        return
+    ratio = tuple(split_batch(split.global_batch, rates))
+    if any(b > c for b, c in zip(ratio, ceilings)):
+        note = f"the ratio split {list(ratio)} exceeds a memory ceiling ({ceilings})"
+        out["ratio"] = {"batches": list(ratio), "status": "not run", "note": note}
+        out["kept"] = {"split": "tuned", "batches": list(split.batches), "why": note}
+        return
+    if ratio == tuple(split.batches):
+        out["ratio"] = {**tuned, "note": "the tuned split is the ratio split"}
+        out["kept"] = {"split": "tuned", "batches": list(split.batches), "why": "the tuned split is the ratio split"}
+        return
+    out["ratio"] = _parallel(model, size, devices, specs, ratio, method, seconds, windows, seed, say,
+                             predict(models, ratio).samples_per_second, solo, data,
+                             shared if tuned["status"] == "complete" else None)
+    mine, theirs = tuned.get("samples_per_second"), out["ratio"].get("samples_per_second")
+    if not mine or not theirs:
+        kept = "tuned" if mine else "ratio" if theirs else "tuned"
+        out["kept"] = {"split": kept, "batches": out[kept]["batches"], "why": "the other split's run did not complete"}
+    else:
+        kept, other = ("ratio", "tuned") if theirs > mine else ("tuned", "ratio")
+        faster = max(mine, theirs) / min(mine, theirs)
+        out["kept"] = {"split": kept, "batches": out[kept]["batches"], "over": other, "faster": faster,
+                       "why": f"{faster:.3f}x the {other} split's measured samples/s"}
+    say(f"    kept: the {out['kept']['split']} split {out['kept']['batches']} ({out['kept']['why']})")
 
 
 def _memory_ceilings(probes, global_batch: int) -> list[int]:
