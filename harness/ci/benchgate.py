@@ -38,12 +38,16 @@ from harness.ci.noise import relative_noise
 from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "higher_is_better", "judge", "judge_rounds", "is_borderline",
-           "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K"]
+           "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K", "FACTOR"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
 _HIGHER = re.compile(r"(samples_per_second|efficiency|throughput|ratio_to_stock|(?<!_to)_accuracy)$")
 NOISE_K = 3.0  # threshold = max(factor, 1 + NOISE_K * noise): ~3 sigma of round-to-round noise
+# The floor under it: a 3% change is the least the gate calls worse, however quiet the rounds looked (2+2 rounds
+# may show less spread than the runner has). Held to at most 1% false alarms per judgment by an A/A series
+# (``harness bench-compare C C --aa-series N``, harness.ci.aaseries; docs/regressions.md has the figures).
+FACTOR = 1.03
 
 
 class Verdict(str, Enum):
@@ -139,7 +143,7 @@ def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, fa
                     lambda: _significant(base_stats, head_stats, different))
 
 
-def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = 1.1, k: float = NOISE_K,
+def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = FACTOR, k: float = NOISE_K,
                  noise: Noise | None = None, different=None) -> Row:
     """The verdict on several rounds per side: medians compared against a noise-calibrated threshold.
 
@@ -272,7 +276,7 @@ def _significant(base_stats, head_stats, different) -> bool:
     return bool(different(base_stats[1], head_stats[1], base_stats[0], head_stats[0]))
 
 
-def judge_all(rounds: Rounds, factor: float = 1.1, k: float = NOISE_K,
+def judge_all(rounds: Rounds, factor: float = FACTOR, k: float = NOISE_K,
               noise: Mapping[Key, Noise] | None = None, different=None) -> list[Row]:
     """:func:`judge_rounds` for every benchmark combination measured on either side."""
     noise = noise or {}

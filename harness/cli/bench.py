@@ -31,6 +31,7 @@ Examples:
     harness bench-compare main HEAD
     harness bench-compare origin/main HEAD --mode existing --bench throughput --markdown summary.md
     harness bench-compare HEAD HEAD --rounds 3            # an A/A run: how noisy is this runner?
+    harness bench-compare HEAD HEAD --aa-series 12        # the gate's false-alarm rate here, and a planted 5%
     harness bench-compare main HEAD --history asv-history --history-machine github-ubuntu-latest
 """
 
@@ -56,11 +57,16 @@ def add_parser(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base", help="base commit (branch, tag or hash)")
     p.add_argument("head", help="head commit")
-    p.add_argument("--factor", type=float, default=1.1, help="smallest tolerated slow-down ratio (default 1.1)")
+    p.add_argument("--factor", type=float, default=None,
+                   help="smallest tolerated slow-down ratio, the floor under 1 + K x noise (default 1.03)")
     p.add_argument("--noise-k", type=float, default=None, metavar="K",
                    help="threshold = max(factor, 1 + K x noise) (default 3)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved runs of each commit (default 2: ABAB)")
     p.add_argument("--no-rerun", action="store_true", help="fail a borderline result without measuring it again")
+    p.add_argument("--aa-series", type=int, metavar="N", default=None,
+                   help="BASE and HEAD one commit: run the suite N times on it and judge every window of 2 x --rounds "
+                        "runs as the gate would (false alarms: exit 1 above 1%%), and again with a planted 5%% "
+                        "slow-down (harness.ci.aaseries)")
     p.add_argument("--history", metavar="DIR", help="asv results of main's history (noise per benchmark from there)")
     p.add_argument("--history-machine", metavar="NAME", help="the machine of --history (default: --machine)")
     p.add_argument("--bench", action="append", metavar="REGEX", help="only benchmarks matching (repeatable)")
@@ -73,6 +79,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     from harness.ci import asvresults, benchgate, gitrepo
 
+    if args.factor is None:
+        args.factor = benchgate.FACTOR
     if not args.factor > 1:
         raise InvalidValue(f"--factor must be > 1; got {args.factor:g}")
     if args.rounds < 2:
@@ -86,6 +94,8 @@ def run(args) -> int:
     noise = _history_noise(args.history, args.history_machine or machine) if args.history else {}
     base, head = gitrepo.rev_parse(project.root, args.base), gitrepo.rev_parse(project.root, args.head)
     project.register_machine()
+    if args.aa_series is not None:
+        return _aa_series(args, project, base, head, k)
     rounds = benchgate.Rounds()
 
     def measure(bench, only=None):
@@ -124,6 +134,42 @@ def run(args) -> int:
     else:
         print(text)
     return status
+
+
+def _aa_series(args, project, base: str, head: str, k: float) -> int:
+    """``--aa-series N``: N runs of one commit judged against themselves (``harness.ci.aaseries``)."""
+    from harness.ci import aaseries, asvresults
+
+    if base != head:
+        raise InvalidValue(f"--aa-series measures one commit against itself; got {args.base} ({base[:12]}) and "
+                           f"{args.head} ({head[:12]})")
+    needed = 2 * args.rounds + 2
+    if args.aa_series < needed:
+        raise InvalidValue(f"--aa-series {args.aa_series}: a window of {args.rounds}+{args.rounds} rounds and the "
+                           f"pair that confirms a borderline result need at least {needed} runs")
+    runs: dict = {}
+    try:
+        for number in range(args.aa_series):
+            print(f"harness bench-compare: A/A run {number + 1} of {args.aa_series}", file=sys.stderr, flush=True)
+            project.run_commit(base, args.bench or [])
+            for key, measurement in asvresults.read_commit(project.config, project.machine, base).items():
+                runs.setdefault(key, []).append(measurement)
+        found = aaseries.series(runs, args.rounds, args.factor, k)
+    except InvalidValue as err:
+        print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
+        return EXIT_NO_VERDICT
+    if not found.judged:
+        print("harness bench-compare: error: no benchmark measured in the A/A series (no verdict)", file=sys.stderr)
+        return EXIT_NO_VERDICT
+    text = found.text()
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.json:
+        json.dump({"commit": base, "factor": args.factor, "noise_k": k, **found.to_json()}, sys.stdout, indent=2)
+        print()
+    else:
+        print(text)
+    return 1 if found.rate > aaseries.MAX_FALSE_ALARMS else 0
 
 
 def _history_noise(results: str, machine: str) -> dict:
