@@ -137,6 +137,10 @@ def compare_training(
     set_random_seed(seed)
     single: Any = None if "single" in kept else build_model()  # Keras models: TensorFlow and Keras are untyped
     initial_weights = kept["initial"] if single is None else kept.setdefault("initial", single.get_weights())
+    if single is not None:
+        # Kept by an earlier call whose single-device run never trained (its method was refused): this model
+        # starts where every other run of the comparison does, whatever build_model() drew this time.
+        single.set_weights(initial_weights)
     # A parallel model of harness's own is kept for later calls over these devices (its trace too).
     shared = None if callable(method) or single_runs is None else (method, tuple(devices), bool(sync_batchnorm))
     wrap = _wrapper(method, sync_batchnorm)

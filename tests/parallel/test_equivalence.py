@@ -299,4 +299,37 @@ def test_the_parallel_float64_model_is_shared_too(logical_devices, any_keras):
             batch_size=10, epochs=2, optimizer=_momentum_sgd(k), loss=small.loss(k), reference="float64",
             single_runs=kept)
         assert report.verdict() == "exact" and report.reference_exact <= 1e-9, (ratios, report.summary())
-    assert sorted(key[0] for key in kept if isinstance(key, tuple)) == ["float64", "parallel"]
+    assert sorted(key[0] for key in kept if isinstance(key, tuple) and key[0] != "floor") == ["float64", "parallel"]
+    # The floor's runs: each row order once for the three splits, the sub-batches' order once per split.
+    floors = [key[1:] for key in kept if isinstance(key, tuple) and key[0] == "floor"]
+    assert sorted(floors) == sorted([("permuted",), ("reversed",), ("rotated",)]
+                                    + [("sub-batches", r) for r in ((1.0, 1.0), (3.0, 2.0), (1.0, 4.0))]), floors
+
+
+def test_a_refused_first_call_leaves_the_single_run_starting_where_the_others_do(logical_devices, keras3):
+    """Shared ``single_runs``: the first call keeps the initial weights and is refused before the single-device
+    run trains; the next call builds the single-device model again and must start it from those weights. It did
+    not: its single run trained from whatever ``build_model()`` drew the second time (ConvNeXt: the zoo's mirrored
+    rows 0.48 from one device after the towers refusal, exact alone). A ``build_model`` that draws new weights
+    on each call (no seed of its own) shows it on any model."""
+    from harness.errors import Refused
+
+    k = keras3
+    x, y, _ = small.make_data("dense", 45)
+    draws = iter(range(100))
+
+    def build():
+        return k.Sequential([k.Input((x.shape[1],)), k.layers.Dense(
+            3, kernel_initializer=k.initializers.RandomNormal(seed=next(draws)))])
+
+    def refused(template, devices, ratios):
+        raise Refused("planted", "this method is refused")
+
+    kept: dict = {}
+    arguments = dict(devices=logical_devices[:2], ratios=[3, 2], batch_size=10, epochs=2,
+                     optimizer=lambda: k.optimizers.SGD(0.1),
+                     loss=k.losses.SparseCategoricalCrossentropy(from_logits=True), single_runs=kept)
+    with pytest.raises(Refused):
+        harness.compare_training(build, x, y, method=refused, **arguments)
+    report = harness.compare_training(build, x, y, method="mirrored", **arguments)
+    assert report.is_equivalent(1e-6), report.summary()

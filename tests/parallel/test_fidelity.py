@@ -24,7 +24,7 @@ import pytest
 
 import harness
 from harness.bench.workloads import small
-from harness.equivalence import EquivalenceReport, WeightDiff
+from harness.equivalence import EquivalenceReport, FloorOrder, WeightDiff
 
 
 def _momentum_sgd():
@@ -74,6 +74,8 @@ def _report(single, parallel, *, exact=False, reference="float64", exact64=1e-12
         reference_diffs_single=() if reference is None else (WeightDiff("dense/kernel", (2, 2), single, 1.0),),
         reference_diffs_parallel=() if reference is None else (WeightDiff("dense/kernel", (2, 2), parallel, 1.0),),
         loss_reference=() if reference is None else (1.0,),
+        floor_orders=() if reference is None else (FloorOrder("reversed", floor, floor_loss),
+                                                    FloorOrder("sub-batches", None, None, "the model's own train_step")),
         reference_exact=None if reference is None else exact64,
     )
 
@@ -108,8 +110,9 @@ def test_verdicts_from_the_figures():
 def test_summary_and_table_show_the_reference_figures():
     report = _report(1.1e-5, 9.5e-6)
     assert "distance from float64: single 1.100e-05, parallel 9.500e-06" in report.summary()
-    assert "rounding floor 1.000e-05, loss 0.000e+00 (one device vs one device with each batch's rows reversed: -): " \
-           "parallel at 1 x it (<= 8 x)" in report.summary()
+    assert ("rounding floor 1.000e-05, loss 0.000e+00 (one device vs one device in another summation order: "
+            "reversed 1.000e-05 (loss 0.000e+00); sub-batches: not measured (the model's own train_step)): "
+            "parallel at 1 x it (<= 8 x)") in report.summary()
     table = report.table()
     assert "single 1.100e-05, parallel 9.500e-06" in table and "farthest from float64" in table
     assert "float64 loss per epoch: [1.0]" in table
