@@ -126,3 +126,51 @@ def test_whole_optimizer_axis_conforms(logical_devices, generation, model, optim
     rows = _axis_rows(generation, model, optimizer, devices=logical_devices[:2])
     if rows:  # else: a case this Keras does not have (asserted in _axis_rows)
         _assert_conforms(rows)
+
+
+# -- pins the quick loop holds: a sample of "as accurate" ones, one refusal per reason id --------------------
+#: ``model|keras|method|split|optimizer`` -> the outcome pinned for it; the cheapest of each kind (seconds here)
+PINNED_SAMPLE = {
+    "mixed_bfloat16|3|mirrored|3:2|": "as accurate as one device",  # 0.4 s
+    "mixed_float16|2|towers|3:2|": "as accurate as one device",
+    "mlp|3|mirrored|3:2|adagrad/mixed_float16": "as accurate as one device",
+    "compute_loss_aux|3|mirrored|3:2|": "refused: custom-train-step",
+    "causal_lm|2|mirrored|3:2|nadam/plain": "refused: optimizer-drifts",
+    "convnext_tiny|3|towers|even|": "refused: towers-unsupported-layer",
+}
+
+
+def test_the_sample_covers_every_refusal_reason_and_is_what_the_pins_say():
+    """The sample is drawn from the pins: each case is pinned as the sample says (a re-pin that changes one fails
+    here first), and every reason id a pin refuses with has a case in it."""
+    from harness.bench.zoo import outcomes
+
+    pins = {outcomes.case_name(key): outcome for key, outcome in outcomes.load().items()}
+    assert {case: pins.get(case, "exact") for case in PINNED_SAMPLE} == PINNED_SAMPLE
+    reasons = {outcome for outcome in pins.values() if outcome.startswith("refused: ")}
+    assert reasons == {o for o in PINNED_SAMPLE.values() if o.startswith("refused: ")}, reasons
+    multiples = {outcomes.case_name(key) for key in outcomes.load_multiples()}
+    assert {c for c, o in PINNED_SAMPLE.items() if o == "as accurate as one device"} <= multiples
+
+
+@pytest.mark.parametrize("case", list(PINNED_SAMPLE))
+def test_a_sampled_pin_holds(logical_devices, case):
+    """Each sampled case run as the zoo runs it, held to its pin (and an "as accurate" one to twice its pinned
+    floor multiple): what the whole zoo (``-m zoo``) holds for every case, held here for one of each kind."""
+    model, generation, method, split, label = case.split("|")
+    _keras(generation)
+    if label:
+        optimizer, option = label.split("/")
+        rows = _axis_rows(generation, model, optimizer, option, methods=[method], devices=logical_devices[:2],
+                          splits=(split,))
+    else:
+        (entry,) = zoo.select([model], keras=generation)
+        rows = [zoo.run_case(entry, zoo.keras_module(generation), generation, method, split, logical_devices[:3])]
+    assert [outcome_of(r.status) for r in rows] == [PINNED_SAMPLE[case]], zoo.text_table(rows)
+    _assert_conforms(rows)
+
+
+def outcome_of(status: str) -> str:
+    from harness.bench.zoo import outcomes
+
+    return outcomes.outcome_of(status)
