@@ -75,7 +75,8 @@ def _report(single, parallel, *, exact=False, reference="float64", exact64=1e-12
         reference_diffs_parallel=() if reference is None else (WeightDiff("dense/kernel", (2, 2), parallel, 1.0),),
         loss_reference=() if reference is None else (1.0,),
         floor_orders=() if reference is None else (
-            FloorOrder("reversed", floor, floor_loss), FloorOrder("sub-batches", None, None, "the model's own train_step")),
+            FloorOrder("reversed", floor, floor_loss),
+            FloorOrder("sub-batches", None, None, "the model's own train_step")),
         reference_exact=None if reference is None else exact64,
     )
 
