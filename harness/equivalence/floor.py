@@ -120,10 +120,29 @@ def _partitioned(call, adapter, ratios: tuple[float, ...]):
 
     return partitioned
 def _add(total, grad):
+    """``total + grad`` in order, the sparse gradients (``IndexedSlices``: an embedding's rows) kept as one device's
+    step would have them: Keras 3's optimizers step each row of a sparse gradient (Adam squares each one), so the
+    rows matter, not only their sum (docs/design.md, "Sparse gradients under Keras 3's optimizers"). A lookup of
+    the batch's own ids (tokens) gives each sub-batch its own rows, concatenated as one device's gradient lists
+    them; a lookup that does not depend on the batch (position ids broadcast to it) gives every sub-batch the
+    same rows, which one device sums over the batch first: those are summed row by row."""
     import tensorflow as tf
 
     if grad is None:
         return total
-    if isinstance(grad, tf.IndexedSlices):
-        grad = tf.convert_to_tensor(grad)
-    return grad if total is None else total + grad
+    if total is None:
+        return grad
+    if not (isinstance(total, tf.IndexedSlices) and isinstance(grad, tf.IndexedSlices)):
+        return tf.convert_to_tensor(total) + tf.convert_to_tensor(grad)
+    same_size = tf.equal(tf.size(total.indices), tf.size(grad.indices))
+    same = tf.cond(same_size, lambda: tf.reduce_all(tf.equal(total.indices, tf.reshape(grad.indices, tf.shape(
+        total.indices)))), lambda: tf.constant(False))
+
+    def summed():
+        return total.values + tf.reshape(grad.values, tf.shape(total.values)), total.indices
+
+    def concatenated():
+        return tf.concat([total.values, grad.values], 0), tf.concat([total.indices, grad.indices], 0)
+
+    values, indices = tf.cond(same, summed, concatenated)
+    return tf.IndexedSlices(values, indices, total.dense_shape)
