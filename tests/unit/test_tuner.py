@@ -89,8 +89,6 @@ def test_the_stock_baseline_runs_on_every_even_split_whatever_its_remainder(tune
     """Keras' fit splits a global batch in equal parts: on an odd global batch (721 over two devices, what the
     tuner chose beside two CPU hogs once) the even split is 361/360, and the stock row was left out without a
     word; it now runs on 360/360 and says why."""
-    import harness.bench.tuning.probe
-    import harness.bench.tuning.solver
     from harness.bench.tuning import tuner
 
     ran = {}
@@ -99,18 +97,9 @@ def test_the_stock_baseline_runs_on_every_even_split_whatever_its_remainder(tune
         ran[method] = tuple(batches)
         return {"batches": list(batches), "status": "complete", "host_bound": []}
 
-    split = _Split(tuned)
-    split.samples_per_second = 1.0
-    monkeypatch.setattr(tuner, "_parallel", parallel)
-    monkeypatch.setattr(tuner, "_solo", lambda probes, batches, *a, **k: [1.0] * len(batches))
     monkeypatch.setattr(tuner, "_even_solo", lambda probes, split, ceilings, *a: (
         tuple(b for b in ((split.global_batch + 1) // 2, split.global_batch // 2)), [1.0, 1.0]))
-    monkeypatch.setattr(harness.bench.tuning.probe, "release_probes", lambda probes: list(probes))
-    monkeypatch.setattr(harness.bench.tuning.solver, "predict",
-                        lambda models, batches: type("P", (), {"samples_per_second": 1.0})())
-    probes = [(_probe("/cpu:0", 900, "oom", 900, 4000.0), None), (_probe("/cpu:1", 900, "oom", 900, 2000.0), None)]
-    out = tuner._verify("m", "tiny", ("/cpu:0", "/cpu:1"), None, probes, split, None, "towers", 0.1, 1, True, 0,
-                        lambda line: None)
+    out = _fake_verify(monkeypatch, tuned, parallel, [1.0, 1.0], compare_even=True)
     assert ran["keras"] == stock, ran
     assert ("note" in out["keras"]) == (sum(tuned) % 2 == 1), out["keras"]
 
@@ -119,26 +108,32 @@ def test_the_stock_baseline_runs_on_every_even_split_whatever_its_remainder(tune
 def test_the_verification_keeps_the_faster_of_the_tuned_and_the_ratio_split(ratio_faster, kept, monkeypatch):
     """The ratio split (the global batch divided by the devices' speeds alone) is measured beside the tuned one
     and the faster is kept, with how much faster; the fake runs here measure what the test says."""
-    import harness.bench.tuning.probe
-    import harness.bench.tuning.solver
-    from harness.bench.tuning import tuner
-
-    split = _Split((500, 400))
-    split.samples_per_second = 1.0
 
     def parallel(model, size, devices, specs, batches, method, *rest, **kw):
         ratio = tuple(batches) == (600, 300)
         speed = 1100.0 if ratio == ratio_faster else 1000.0
         return {"batches": list(batches), "status": "complete", "host_bound": [], "samples_per_second": speed}
 
+    out = _fake_verify(monkeypatch, (500, 400), parallel, [4000.0, 2000.0], compare_even=False)  # 2:1 alone
+    assert out["ratio"]["batches"] == [600, 300]
+    assert out["kept"]["split"] == kept and out["kept"]["faster"] == pytest.approx(1.1)
+    assert out["kept"]["why"] == f"1.100x the {'tuned' if kept == 'ratio' else 'ratio'} split's measured samples/s"
+
+
+def _fake_verify(monkeypatch, tuned, parallel, solo, compare_even: bool) -> dict:
+    """``tuner._verify`` of the split ``tuned`` over two devices whose runs are ``parallel`` (a fake of
+    ``tuner._parallel``) and whose speeds alone are ``solo``: nothing trains."""
+    import harness.bench.tuning.probe
+    import harness.bench.tuning.solver
+    from harness.bench.tuning import tuner
+
+    split = _Split(tuned)
+    split.samples_per_second = 1.0
     monkeypatch.setattr(tuner, "_parallel", parallel)
-    monkeypatch.setattr(tuner, "_solo", lambda probes, batches, *a, **k: [4000.0, 2000.0])  # 2:1 alone
+    monkeypatch.setattr(tuner, "_solo", lambda probes, batches, *a, **k: list(solo))
     monkeypatch.setattr(harness.bench.tuning.probe, "release_probes", lambda probes: list(probes))
     monkeypatch.setattr(harness.bench.tuning.solver, "predict",
                         lambda models, batches: type("P", (), {"samples_per_second": 1.0})())
     probes = [(_probe("/cpu:0", 900, "oom", 900, 4000.0), None), (_probe("/cpu:1", 900, "oom", 900, 2000.0), None)]
-    out = tuner._verify("m", "tiny", ("/cpu:0", "/cpu:1"), None, probes, split, None, "towers", 0.1, 1, False, 0,
-                        lambda line: None)
-    assert out["ratio"]["batches"] == [600, 300]
-    assert out["kept"]["split"] == kept and out["kept"]["faster"] == pytest.approx(1.1)
-    assert out["kept"]["why"] == f"1.100x the {'tuned' if kept == 'ratio' else 'ratio'} split's measured samples/s"
+    return tuner._verify("m", "tiny", ("/cpu:0", "/cpu:1"), None, probes, split, None, "towers", 0.1, 1,
+                         compare_even, 0, lambda line: None)
