@@ -77,7 +77,6 @@ def with_reference(report: EquivalenceReport, run: _Comparison, float64, one: _R
         report, reference=reference, reference_single=reference_single,
         reference_parallel=_max_deviation(against_parallel), reference_diffs_single=tuple(against_single),
         reference_diffs_parallel=tuple(against_parallel), loss_reference=tuple(exact.history["loss"]),
-        reference_loss_single=_max_rel(exact.history["loss"], one.history["loss"]),
         reference_exact=reference_exact, floor=floor, floor_loss=floor_loss, floor_orders=orders,
     )
 

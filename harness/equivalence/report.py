@@ -85,7 +85,6 @@ class EquivalenceReport:
     reference_diffs_single: tuple[WeightDiff, ...] = ()  # per variable, single-device run vs float64
     reference_diffs_parallel: tuple[WeightDiff, ...] = ()  # per variable (same order), parallel run vs float64
     loss_reference: tuple[float, ...] = ()  # the float64 run's loss per epoch
-    reference_loss_single: float | None = None  # the single-device run's per-epoch loss vs the float64 run's
     reference_exact: float | None = None  # the parallel float64 run's distance from the single-device float64 run
     # The rounding floor, in the compared runs' own precision: the largest of the single-device run's distances
     # from the single-device runs in the other summation orders (``floor_orders``, FLOOR_ORDERS); weights and

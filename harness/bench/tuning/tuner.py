@@ -429,7 +429,7 @@ def _verify_ratio(out: dict, model, size, devices, specs, split, models, ceiling
                              shared if tuned["status"] == "complete" else None)
     mine, theirs = tuned.get("samples_per_second"), out["ratio"].get("samples_per_second")
     if not mine or not theirs:
-        kept = "tuned" if mine else "ratio" if theirs else "tuned"
+        kept = "ratio" if theirs and not mine else "tuned"
         out["kept"] = {"split": kept, "batches": out[kept]["batches"], "why": "the other split's run did not complete"}
     else:
         kept, other = ("ratio", "tuned") if theirs > mine else ("tuned", "ratio")
