@@ -7,11 +7,17 @@ anything that needs TensorFlow is loaded on first use, so ``import harness`` and
 from __future__ import annotations
 
 import importlib
+from importlib import metadata as _metadata
 
 from harness.errors import Failed, HarnessError, InvalidType, InvalidValue, NotSupported, Refused, Unavailable
 from harness.split import split_batch
 
-__version__ = "0.1.0"
+# The installed distribution's version (setuptools-scm wrote it from the git tag at build time; harness.dist says
+# how it was installed). A source tree on sys.path that was never installed has no metadata: "0+unknown".
+try:
+    __version__: str = _metadata.version("keras-harness")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"
 
 __all__ = [
     "__version__",

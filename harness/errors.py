@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["HarnessError", "InvalidValue", "InvalidType", "Unavailable", "Failed", "Refused", "NotSupported",
-           "EXIT_OK", "EXIT_VERDICT", "EXIT_USAGE", "EXIT_NO_VERDICT", "exit_status"]
+           "EXIT_OK", "EXIT_VERDICT", "EXIT_USAGE", "EXIT_NO_VERDICT", "exit_status", "REFUSALS"]
 
 EXIT_OK = 0
 EXIT_VERDICT = 1  # a negative verdict: not equivalent, a regression, a failed check
@@ -78,6 +78,30 @@ class Failed(HarnessError, RuntimeError):
 
 
 _REASON = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+# Every Refused reason id harness raises, with what it refuses: the ids a workload's ``expect`` (harness.toml) and
+# the zoo's pins name. tests/unit/test_errors.py checks the list against the raises in harness' source.
+REFUSALS = {
+    "custom-train-step": "a method that cannot run a model's own train_step",
+    "towers-unsupported-layer": "a layer the towers method cannot split (e.g. one that keeps state across calls)",
+    "optimizer-drifts": "an optimizer that does not step as on one device under a method",
+    "unsynchronised-batchnorm": "BatchNormalization whose statistics a method cannot take over the whole batch",
+    "subclassed-batchnorm": "whole-batch BatchNormalization in a model that is not a functional graph",
+    "unbuilt-subclassed-model": "a subclassed model that is not built, so its layers cannot be cloned",
+    "not-cloneable": "a model that cannot be cloned onto each device",
+    "jit-compile": "jit_compile=True, which the method cannot place per device",
+    "float64-loss": "a float64 reference with a loss that cannot compute in float64",
+    "float64-low-precision": "a float64 reference of a model whose layers fix a lower precision themselves",
+    "no-tuned-split": "a global batch the devices cannot hold together",
+    "files-exist": "harness init over files it did not write",
+    "custom-step-call": "a model's own step that calls a model with more than one batch argument (towers)",
+    "custom-step-nested": "a model's own step run by towers inside another split step",
+    "custom-step-unsplit": "a model's own step that calls none of its models (towers)",
+    "keras2-batchnorm": "whole-batch BatchNormalization a method cannot give a Keras 2 model",
+    "masked-batchnorm": "BatchNormalization over masked inputs, not synchronised across towers",
+    "sparse-layout": "embedding lookups whose rows harness cannot attribute to the single device's",
+    "sparse-lookups-differ": "devices whose sparse gradients hold different lookups (not the same model traced)",
+}
 
 
 class Refused(HarnessError, ValueError):

@@ -10,19 +10,25 @@ A project that adopted harness (``harness init``) names its workloads in a
     methods = ["mirrored"]   # harness' parallel methods to check and benchmark (towers, mirrored)
     emulate = "400,250"      # emulated devices for harness run/tune on a machine without GPUs
     matrix = ["tf221"]       # harness docker/matrix.toml entries the Docker workflow tests in
+    harness-requirement = "keras-harness==0.2.0"  # how generated CI installs harness (harness init writes it)
+    branch = "main"          # the branch generated workflows test and benchmark (harness init reads git's)
 
     [tool.harness.workloads.classifier]
     model = "mypkg.model:build"     # MODULE:ATTR or path/to/file.py:ATTR (docs/user-models.md)
     data = "mypkg.data:batches"     # optional: real data; default made up from the model's inputs and loss
     batch-size = 64                 # the benchmarks' global batch
     check-batch-size = 20           # the equivalence check's global batch
-    check-samples = 60              # samples the check trains on (one epoch)
+    check-samples = 166             # samples the check trains on: one epoch, 8 steps and a partial one
     tol = 1e-6                      # exact below this; above, the float64 rounding verdict decides
+    expect = "exact"                # what each method must come out as: "exact", "as accurate" (as
+                                    # accurate as one device) or a refusal's id ("custom-train-step");
+                                    # per method: expect = { towers = "custom-train-step" }
 
 ``load_project`` reads it (one line naming the file and key for a bad value);
 ``check_workload`` runs ``harness check`` on one workload in a process of its own
 (its devices are laid out there, whatever the caller's process imported) and
-returns its verdict: what the pytest file ``harness init`` writes asserts. The
+returns its verdict held to what the workload expects of each method: what the
+pytest file ``harness init`` writes asserts. The
 asv suites of ``harness.suites`` read the same configuration. Standard library
 only: nothing here imports TensorFlow.
 """
@@ -40,13 +46,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import InvalidValue, Unavailable
+from harness.errors import REFUSALS, InvalidValue, Unavailable
 
-__all__ = ["CONFIG_FILES", "WorkloadEntry", "Project", "CheckResult", "find_config", "load_project",
-           "parse_config", "check_workload", "read_toml", "read_toml_text"]
+__all__ = ["CONFIG_FILES", "WorkloadEntry", "Project", "CheckResult", "find_config", "load_project", "outcome", "meets",
+           "parse_config", "check_workload", "judge", "read_toml", "read_toml_text"]
 
 CONFIG_FILES = ("harness.toml", "pyproject.toml")  # looked for in this order in each folder
 METHODS = ("towers", "mirrored")
+EXACT, AS_ACCURATE = "exact", "as accurate"
+# One epoch of 8 full steps at the default check batch (20) and a partial one of 6: enough steps for a drift to
+# show (an optimizer's state, compared too, builds up over them), a partial last batch split as well.
+CHECK_SAMPLES = 166
 _REFERENCE = re.compile(r"^[^:\s]+:[A-Za-z_][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -60,8 +70,13 @@ class WorkloadEntry:
     data: str | None = None
     batch_size: int = 64
     check_batch_size: int = 20
-    check_samples: int = 60
+    check_samples: int = CHECK_SAMPLES
     tol: float = 1e-6
+    expect: Mapping[str, str] = field(default_factory=dict)  # method -> "exact" | "as accurate" | a refusal id
+
+    def expected(self, method: str) -> str:
+        """What ``method`` must come out as on this workload (default ``"exact"``)."""
+        return self.expect.get(method, EXACT)
 
 
 @dataclass(frozen=True)
@@ -159,8 +174,10 @@ def read_toml_text(text: str, source: Path) -> dict:
         raise InvalidValue(f"{source} is not valid TOML: {err}") from None
 
 
-_TOP = {"devices", "ratios", "methods", "emulate", "matrix", "workloads", "reusable-workflows"}
-_ENTRY = {"model", "data", "batch-size", "check-batch-size", "check-samples", "tol"}
+_TOP = {"devices", "ratios", "methods", "emulate", "matrix", "workloads", "reusable-workflows", "harness-requirement",
+        "branch"}
+_EXTRA = ("reusable-workflows", "harness-requirement", "branch")  # strings harness init reads back
+_ENTRY = {"model", "data", "batch-size", "check-batch-size", "check-samples", "tol", "expect"}
 
 
 def parse_config(table: Any, source: Path) -> Project:
@@ -200,7 +217,10 @@ def parse_config(table: Any, source: Path) -> Project:
     if not isinstance(workloads, dict) or not workloads:
         raise bad("workloads", "must hold at least one table [workloads.NAME] with model = \"MODULE:ATTR\"")
     entries = tuple(_entry(name, value, bad) for name, value in workloads.items())
-    extra = {k: table[k] for k in ("reusable-workflows",) if k in table}
+    for key in _EXTRA:
+        if key in table and not (isinstance(table[key], str) and table[key].strip()):
+            raise bad(key, f"must be a non-empty string; got {table[key]!r}")
+    extra = {k: table[k] for k in _EXTRA if k in table}
     return Project(source, entries, devices, ratios, tuple(methods), emulate, tuple(matrix), extra)
 
 
@@ -223,8 +243,23 @@ def _entry(name: str, table: Any, bad) -> WorkloadEntry:
     return WorkloadEntry(name, table["model"], table.get("data"),
                          _integer(table.get("batch-size", 64), f"{key}.batch-size", bad, least=1),
                          _integer(table.get("check-batch-size", 20), f"{key}.check-batch-size", bad, least=1),
-                         _integer(table.get("check-samples", 60), f"{key}.check-samples", bad, least=1),
-                         float(tol))
+                         _integer(table.get("check-samples", CHECK_SAMPLES), f"{key}.check-samples", bad, least=1),
+                         float(tol), _expectations(table.get("expect", EXACT), f"{key}.expect", bad))
+
+
+def _expectations(value: Any, key: str, bad) -> dict[str, str]:
+    """``expect``: one outcome for every method, or a table of method -> outcome; the methods left out: exact."""
+    table = {m: value for m in METHODS} if isinstance(value, str) else value
+    if not isinstance(table, dict) or not table:
+        raise bad(key, f'must be "exact", "as accurate", a refusal id, or a table of method -> one of them; '
+                       f"got {value!r}")
+    for method, outcome in table.items():
+        if method not in METHODS:
+            raise bad(f"{key}.{method}", f"not a method (methods: {', '.join(METHODS)})")
+        if not isinstance(outcome, str) or outcome not in (EXACT, AS_ACCURATE, *REFUSALS):
+            raise bad(f"{key}.{method}" if not isinstance(value, str) else key,
+                      f'must be "exact", "as accurate" or a refusal\'s id ({", ".join(REFUSALS)}); got {outcome!r}')
+    return {m: o for m, o in table.items() if o != EXACT}
 
 
 def _number(value) -> bool:
@@ -239,26 +274,64 @@ def _integer(value, key: str, bad, least: int) -> int:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What ``check_workload`` found: ``passed``, and ``message`` saying why (every method's verdict)."""
+    """What ``check_workload`` found: ``passed`` (each method came out as the workload expects), and ``message``
+    saying why (every method's verdict against what was expected, and the command to rerun)."""
 
     workload: str
     passed: bool
     message: str
-    rows: tuple[dict, ...] = ()
+    rows: tuple[Mapping[str, Any], ...] = ()
 
 
 _HINT = ("where harness' own methods are exact, a model whose output for one row depends on the other rows of its "
-         "batch (a batch statistic, Dropout's mask drawn per device) is not the single-device step on a split batch")
+         "batch (a batch statistic, a layer of its own that mixes rows) is not the single-device step on a split "
+         "batch")
+
+
+def outcome(row: Mapping[str, Any]) -> str:
+    """A ``harness check --json`` row as an outcome: ``"exact"``, ``"as accurate"``, a refusal's id, or ``"FAIL"``."""
+    if row.get("refused"):
+        return str(row["refused"])
+    verdict = row.get("verdict", EXACT if row.get("exact") else "FAIL")
+    return AS_ACCURATE if str(verdict).startswith(AS_ACCURATE) else str(verdict)
+
+
+def meets(got: str, expected: str) -> bool:
+    """Whether outcome ``got`` meets ``expected``: the same, or exact where as accurate was expected."""
+    return got == expected or (expected == AS_ACCURATE and got == EXACT)
+
+
+def _row_line(row: Mapping[str, Any], expected: str) -> str:
+    got = outcome(row)
+    if row.get("refused"):
+        said = f"refused ({got}): {row.get('error', '')}"
+    else:
+        said = f"{row.get('verdict', got)}, max deviation {row.get('max_deviation', float('nan')):.3e}"
+        if row.get("why"):
+            said += f" ({row['why']})"
+    random = row.get("random_layers") or []
+    if random:
+        other = row.get("with_randomness") or {}
+        said += (f"; with randomness off: {', '.join(random)} draw per device (equal in distribution, not in value"
+                 + (f"; with them on: {other.get('verdict')}, {other.get('max_deviation', float('nan')):.3e}"
+                    if other else "") + ")")
+    if meets(got, expected):
+        better = "" if got == expected else f" (better than expected {expected!r}: expect = {got!r} would hold it)"
+        return f"{row['method']}: {said}{better}"
+    return f"{row['method']}: {said} -- expected {expected!r}"
 
 
 def check_workload(project: Project, name: str, devices: Sequence[str] | None = None,
                    timeout: float = 1800) -> CheckResult:
     """Runs ``harness check`` on workload ``name`` in a new process (``python -m harness``, from the project's root,
-    so ``MODULE:ATTR`` references import the project's package) and returns its verdict per method.
+    so ``MODULE:ATTR`` references import the project's package) and holds each method's verdict to the workload's
+    ``expect``.
 
-    Passed: every method is exact within the workload's ``tol`` or as accurate as one device (float64 rounding
-    verdict, ``harness.EquivalenceReport.verdict``). A check that could not run (a bad reference, an error in the
-    model) is not passed; its message carries harness' own error line.
+    Passed: every method came out as expected: exact where exact is expected (the default), exact or as accurate
+    as one device where ``"as accurate"`` is (float64 rounding verdict, ``harness.EquivalenceReport.verdict``),
+    refused with that id where a refusal's id is. A model with training-time randomness (Dropout, the Random*
+    layers) is judged with it off, its random layers named. A check that could not run (a bad reference, an
+    error in the model) is not passed; its message carries harness' own error line.
     """
     entry = project.workload(name)
     argv = [sys.executable, "-m", "harness", *project.check_argv(entry, devices)]
@@ -272,10 +345,23 @@ def check_workload(project: Project, name: str, devices: Sequence[str] | None = 
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         return CheckResult(name, False, f"workload {name!r} ({entry.model}): `{command}` exited {done.returncode} "
                                         f"without a verdict:\n{tail}")
-    lines = [f"{r['method']}: {r.get('verdict', 'exact' if r.get('exact') else 'FAIL')}, max deviation "
-             f"{r.get('max_deviation', float('nan')):.3e}" + (f" ({r['why']})" if r.get("why") else "") for r in rows]
-    passed = done.returncode == 0 and bool(rows) and all(r["passed"] for r in rows)
-    verdict = "equals the single-device step" if passed else "is NOT the single-device step"
-    return CheckResult(name, passed, f"workload {name!r} ({entry.model}): parallel training {verdict} on "
-                                     f"{len(project.split())} devices, ratios {list(project.split())}:\n  "
-                       + "\n  ".join(lines) + ("" if passed else f"\n  command: {command}\n  {_HINT}"), rows)
+    return judge(project, entry, rows, done.returncode, command)
+
+
+def judge(project: Project, entry: WorkloadEntry, rows: Sequence[Mapping[str, Any]], returncode: int,
+          command: str) -> CheckResult:
+    """``harness check --json``'s ``rows`` of ``entry`` (exit status ``returncode``) held to what the workload
+    expects of each of the project's methods."""
+    name = entry.name
+    rows = tuple(r for r in rows if not r.get("baseline"))
+    missing = [m for m in project.methods if m not in {r.get("method") for r in rows}]
+    lines = [_row_line(r, entry.expected(r["method"])) for r in rows]
+    lines += [f"{m}: no verdict (not in harness check's output) -- expected {entry.expected(m)!r}" for m in missing]
+    passed = (returncode in (0, 1, 2) and bool(rows) and not missing
+              and all(meets(outcome(r), entry.expected(r["method"])) for r in rows))
+    failed = [r for r in rows if outcome(r) == "FAIL"]
+    verdict = "came out as expected" if passed else "did NOT come out as expected"
+    return CheckResult(name, passed, f"workload {name!r} ({entry.model}): parallel training on "
+                                     f"{len(project.split())} devices, ratios {list(project.split())}, {verdict}:\n  "
+                       + "\n  ".join(lines)
+                       + ("" if passed else f"\n  rerun: {command}" + (f"\n  {_HINT}" if failed else "")), rows)

@@ -7,6 +7,10 @@ Two modes:
               install command, and run with ``asv run --python=same
               --set-commit-hash``; the benchmarks are this checkout's, for every commit.
 
+Existing mode's default install command builds without isolation, so this Python must hold each commit's
+``[build-system].requires``: that is checked before anything is installed (``harness.ci.buildreqs``), and a
+commit whose requirements are missing or too old stops the run (``Unavailable``, exit 2) naming them.
+
 ``--append-samples`` makes a second run of a commit add its samples to the
 first run's instead of replacing them: that is how the gate interleaves rounds.
 """
@@ -19,10 +23,10 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.errors import Failed, InvalidValue
+from harness.errors import Failed, InvalidValue, Unavailable
 
 __all__ = ["INSTALL", "MODES", "AsvProject", "in_container", "resolve_mode"]
 
@@ -52,6 +56,7 @@ class AsvProject:
     machine: str
     mode: str = "virtualenv"
     install: str = INSTALL
+    _checked: set = field(default_factory=set, init=False, repr=False, compare=False)
 
     @property
     def root(self) -> Path:
@@ -66,6 +71,32 @@ class AsvProject:
             raise Failed(f"asv {argv[0]} failed with exit status {code}")
         return code
 
+    def check_build_requirements(self, *commits: str) -> None:
+        """Existing mode: whether this Python can build each of ``commits`` without isolation (its
+        pyproject.toml's ``[build-system].requires`` installed, new enough); each commit is checked once.
+
+        With the default install command (``--no-build-isolation``) a shortfall stops the run; with a custom
+        ``install`` that passes ``--no-build-isolation`` it is a warning; other custom commands are the user's.
+
+        Raises:
+            Unavailable: the default install command, and this Python lacks a build requirement of a commit; the
+                message names each one (and the version there), and the pip command that installs them.
+        """
+        from harness.ci import buildreqs
+
+        if self.mode != "existing" or (self.install != INSTALL and "--no-build-isolation" not in self.install):
+            return
+        for commit in commits:
+            if commit in self._checked:
+                continue
+            why = buildreqs.check(sys.executable, self.root, commit)
+            if why is not None and self.install == INSTALL:
+                raise Unavailable(why)
+            if why is not None:
+                print(f"harness: warning: {why} (the --install-command builds without isolation too)",
+                      file=sys.stderr)
+            self._checked.add(commit)
+
     def register_machine(self) -> None:
         self.asv(["machine", "--yes", "--machine", self.machine])
 
@@ -77,6 +108,8 @@ class AsvProject:
         judge), 0 otherwise.
 
         Raises:
+            Unavailable: existing mode, and this Python lacks the commit's build requirements
+                (``check_build_requirements``); nothing was installed.
             RuntimeError: installing the commit failed (existing mode), or asv failed for another reason.
         """
         flags = ["--machine", self.machine, "--record-samples", "--show-stderr", *extra]
@@ -108,6 +141,7 @@ class _Installed:
         self.project, self.commit = project, commit
 
     def __enter__(self):
+        self.project.check_build_requirements(self.commit)
         self._tmp = tempfile.TemporaryDirectory(prefix="harness-asv-")
         tree = Path(self._tmp.name) / self.commit[:12]
         root = self.project.root

@@ -25,6 +25,9 @@ Two modes:
               checked out in a git worktree, installed into this Python
               (``--install-command``), and run with ``asv run --python=same
               --set-commit-hash``; the benchmarks are this checkout's, for both commits.
+              The default install command builds without isolation: this Python
+              must hold each commit's [build-system].requires (checked first: exit 2
+              naming what is missing, and the pip command that installs it).
 ``auto`` (default) picks existing inside a container, else virtualenv.
 
 Examples:
@@ -93,6 +96,7 @@ def run(args) -> int:
     config, machine = project.config, project.machine
     noise = _history_noise(args.history, args.history_machine or machine) if args.history else {}
     base, head = gitrepo.rev_parse(project.root, args.base), gitrepo.rev_parse(project.root, args.head)
+    project.check_build_requirements(base, head)  # existing mode: both before either is run (exit 2)
     project.register_machine()
     if args.aa_series is not None:
         return _aa_series(args, project, base, head, k)

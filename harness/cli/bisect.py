@@ -14,6 +14,9 @@ Modes, as ``harness bench-compare``'s:
               into this Python (``--install-command``) and run with
               ``asv run --python=same``; a binary search needs at most
               ceil(log2 n) + 1 benchmark runs for n commits, GOOD and BAD counted.
+              This Python must hold each commit's [build-system].requires
+              (the default install command builds without isolation; checked
+              before each install: exit 2 naming what is missing).
   virtualenv  asv builds each commit in its own environment: ``asv find`` does
               the search (with its own bound, about log2 n + 2 runs) and its
               answer is reported the same way.
@@ -70,6 +73,10 @@ def run(args) -> int:
     if not args.factor > 1:
         raise InvalidValue(f"--factor must be > 1; got {args.factor:g}")
     project = asv_project(args, "bisect")
+    if project.mode == "existing":  # GOOD's and BAD's build requirements, before any probe (exit 2)
+        from harness.ci.gitrepo import rev_parse
+
+        project.check_build_requirements(*(rev_parse(project.root, ref) for ref in (args.good, args.bad)))
     report = bisect.bisect(project, args.benchmark, args.good, args.bad, params=args.params, factor=args.factor,
                            progress=_progress)
     if args.json:

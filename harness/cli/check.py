@@ -3,6 +3,10 @@
 For each model and method it trains single-device vs parallel from the same
 start (``compare_training``) and prints the worst deviation; then it times
 training steps of single-device, towers and mirrored on the same devices.
+A model with training-time randomness (Dropout, the Random* layers: each
+device draws its own numbers) is judged with those layers off in training;
+each row names them and gives the run with them on beside it (``--json``:
+``random_layers``, ``with_randomness``; docs/concepts/exactness.md).
 
 ``harness check --zoo`` checks the model zoo instead (``harness.bench.zoo``): real
 architectures at CPU size, each x method x split (even on 2 devices, 3:2, 5:3:2
@@ -162,17 +166,30 @@ def run(args) -> int:
     _say(args, f"devices {devices}, ratios {list(ratios)}: batch {args.batch_size} -> "
                f"{list(split_batch(args.batch_size, ratios))}, last batch {args.samples % args.batch_size or '-'}")
     checks = _equivalence(args, devices, ratios)
-    timings = _timings(args, devices, ratios) if args.time_steps > 0 else []
+    timings = _timings(args, devices, ratios) if args.time_steps > 0 and getattr(args, "unrunnable", None) is None \
+        else []
     failed = [c for c in checks if not c["passed"]]
     if args.json:
         json.dump({"devices": devices, "ratios": list(ratios), "equivalence": checks, "step_time": timings},
                   sys.stdout, indent=2)
         print()
+        if getattr(args, "unrunnable", None) is not None:  # every method refused a model: its rows say why, and
+            raise args.unrunnable  # the exit status is a refusal's (2), as in text
     else:
         refused = [c for c in checks if c.get("refused")]
         print(f"{len(checks) - len(failed) - len(refused)} of {len(checks) - len(refused)} checks within tol "
-              f"{args.tol:g}{_or_rounding(args)}" + (f"; {len(refused)} refused" if refused else ""))
+              f"{args.tol:g}{_or_rounding(args)}" + (f"; {len(refused)} refused" if refused else "")
+              + _randomness_summary(checks))
     return 1 if failed else 0
+
+
+def _randomness_summary(checks: list[dict]) -> str:
+    """Which models were judged with their random layers off in training, naming the layers; "" where none."""
+    judged = {c["model"]: c["random_layers"] for c in checks if c.get("random_layers") and "with_randomness" in c}
+    if not judged:
+        return ""
+    return "; judged with randomness off in training (each device draws its own numbers): " + "; ".join(
+        f"{model}: {', '.join(names)}" for model, names in judged.items())
 
 
 def _or_rounding(args) -> str:
@@ -244,6 +261,15 @@ def _equivalence(args, devices, ratios) -> list[dict]:
     w = max(10, *map(len, args.models))  # a model of the user's is named by its reference
     _say(args, f"\n{'model':<{w}} {'method':<9} {'max dev':>10} {'loss dev':>10}  result")
     rows = []
+    known: dict = {}  # build -> its random layers, from a report (a row without one builds the model to name them)
+
+    def drawing(build) -> list[str]:
+        if build not in known:
+            from harness.compat import random_layers
+
+            known[build] = list(random_layers(build()))
+        return known[build]
+
     for name in args.models:
         subject = subject_of(args, name)
         optimizer = subject.optimizer
@@ -270,7 +296,8 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                 if isinstance(err, Refused) and not baseline:  # a method that refuses the model: its row says why
                     refused.append(err)
                     rows.append({"model": name, "method": method, "passed": True, "baseline": False,
-                                 "exact": False, "refused": err.reason, "error": str(err)})
+                                 "exact": False, "refused": err.reason, "error": str(err),
+                                 "random_layers": drawing(build)})
                     _say(args, f"{name:<{w}} {method:<9} {'-':>10} {'-':>10}  refused: {err.reason}: {err}")
                     continue
                 if not baseline:
@@ -279,7 +306,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                 cause = stock_drift.fit_failure(err, optimizer, keras, samples=args.samples,
                                                 batch_size=args.batch_size, replicas=len(devices))
                 rows.append({"model": name, "method": method, "passed": True, "baseline": True, "exact": False,
-                             "error": line, "cause": cause})
+                             "error": line, "cause": cause, "random_layers": drawing(build)})
                 _say(args, f"{name:<{w}} {method:<9} {'-':>10} {'-':>10}  stock fit fails: "
                            f"{cause + ': ' if cause else ''}{line}")
                 continue
@@ -291,7 +318,11 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                    "passed": ok or baseline, "baseline": baseline, "exact": exact, "verdict": judged}
             if args.reference and not baseline and not exact:
                 row["why"] = report.why_not()
+            row.update(_randomness(report, args.tol))
+            known[build] = list(report.random_layers)
             verdict = ("ok" if exact else judged) if ok else (f"FAIL: {report.why_not()}" if args.reference else "FAIL")
+            if report.random_layers:  # the verdict is of the runs with them off: said, with the runs as the model is
+                verdict += f" {report.randomness_note(args.tol)}"
             if baseline and not ok:  # why stock Keras differs, each cause measured (harness.bench.stock_drift)
                 drift = stock_drift.explain(
                     lambda **changes: compare("keras", **changes).max_deviation, build, optimizer,
@@ -305,8 +336,22 @@ def _equivalence(args, devices, ratios) -> list[dict]:
             if not ok:
                 _say(args, report.table(5))
         if refused and len(refused) == sum(m != "keras" for m in args.methods):
-            raise refused[0]  # no method of harness' can train it: one line, exit status 2
+            if not args.json:
+                raise refused[0]  # no method of harness' can train it: one line, exit status 2
+            args.unrunnable = getattr(args, "unrunnable", None) or refused[0]  # JSON: the rows first (run)
     return rows
+
+
+def _randomness(report, tol: float) -> dict:
+    """A row's ``random_layers`` (class names; [] where none) and, where the model has random layers and was also
+    compared as it is, ``with_randomness``: that run's verdict (float32, no reference: exact or FAIL) and max
+    deviation. The row's own verdict, passed and deviations are the runs' with the random layers off."""
+    found: dict = {"random_layers": list(report.random_layers)}
+    other = report.with_randomness
+    if other is not None:
+        found["with_randomness"] = {"verdict": other.verdict(tol), "max_deviation": other.max_deviation,
+                                    "max_loss_deviation": other.max_loss_deviation}
+    return found
 
 
 def _timings(args, devices, ratios) -> list[dict]:

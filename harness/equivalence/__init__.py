@@ -25,6 +25,10 @@ Two criteria:
   the floor's too (there reordering rows may change nothing: float16 products add up
   exactly in a float32 accumulator; the sub-batches' order is the one that measures).
 
+A model with training-time randomness (Dropout, the Random* layers: ``harness.compat.random_layers``) draws per
+device and cannot equal one device: it is judged with those layers as at inference in training, in every run
+(``harness.compat.randomness_off``), and its run as it is is reported beside (``EquivalenceReport.with_randomness``).
+
 One idea per module: ``report`` (``EquivalenceReport``, ``WeightDiff``, the verdict's constants and the
 distance measures), ``runs`` (what the runs of one comparison share and keep), ``floor`` (the rounding
 floor's summation orders), ``reference`` (the float64 reference and the rounding floor's runs),
@@ -37,6 +41,7 @@ from harness.equivalence.floor import FLOOR_ORDERS as FLOOR_ORDERS
 from harness.equivalence.report import (
     FLOAT64_TOL,
     FLOOR_FACTOR,
+    RANDOMNESS,
     REFERENCES,
     VERDICTS,
     EquivalenceReport,
@@ -48,4 +53,4 @@ from harness.equivalence.runs import _Traced as _Traced
 from harness.equivalence.training import assert_equivalent, compare_training
 
 __all__ = ["WeightDiff", "EquivalenceReport", "compare_training", "assert_equivalent", "relative_deviation",
-           "REFERENCES", "VERDICTS", "FLOOR_FACTOR", "FLOAT64_TOL"]
+           "REFERENCES", "VERDICTS", "RANDOMNESS", "FLOOR_FACTOR", "FLOAT64_TOL"]

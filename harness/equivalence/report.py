@@ -18,6 +18,9 @@ from harness.errors import InvalidValue
 
 REFERENCES = ("float64",)  # the accepted values of ``reference`` besides None
 VERDICTS = ("exact", "as accurate as one device", "FAIL")  # ``EquivalenceReport.verdict``
+# ``compare_training(randomness=...)``: a model with random layers compared as it is and with them off in training
+# (the latter decides), with them off only, or as it is only.
+RANDOMNESS = ("both", "off", "as-is")
 FLOAT64_TOL = 1e-9  # the parallel float64 run vs the single-device float64 run: rounding of float64 only
 # The parallel float32 run's distance from the single-device run, at most this many times the rounding floor
 # (the single-device run's largest distance from the same run in another summation order, FLOOR_ORDERS).
@@ -94,6 +97,13 @@ class EquivalenceReport:
     floor: float | None = None
     floor_loss: float | None = None
     floor_orders: tuple[FloorOrder, ...] = ()
+    # The model's layers that draw random numbers in training (``harness.compat.random_layers``: class names, in
+    # model order), () where none does. Where there are, this report is of the runs with them off in training
+    # (as at inference, ``harness.compat.randomness_off``) unless ``compare_training(randomness="as-is")``, and
+    # ``with_randomness`` is the comparison of the model as it is (float32 only; each device draws its own numbers).
+    random_layers: tuple[str, ...] = ()
+    randomness_off: bool = False  # whether this report's runs had them off in training
+    with_randomness: EquivalenceReport | None = None
 
     @property
     def max_deviation(self) -> float:
@@ -232,6 +242,25 @@ class EquivalenceReport:
         )
         if self.reference is not None:
             text += f"; distance from {self.reference}: {self._reference_figures()}"
+        if self.random_layers:
+            text += f"; {self.randomness_note()}"
+        return text
+
+    def randomness_note(self, tol: float = 1e-6) -> str:
+        """What this report says of the model's random layers, in words; ``""`` where it has none.
+
+        E.g. ``"with randomness off; Dropout, RandomFlip draw per device: equal in distribution, not in value (with
+        them on: FAIL, max deviation 2.9e-02)"``.
+        """
+        if not self.random_layers:
+            return ""
+        names = ", ".join(self.random_layers)
+        if not self.randomness_off:
+            return f"with randomness on: {names} draw per device: equal in distribution, not in value"
+        text = f"with randomness off; {names} draw per device: equal in distribution, not in value"
+        other = self.with_randomness
+        if other is not None:
+            text += f" (with them on: {other.verdict(tol)}, max deviation {other.max_deviation:.2e})"
         return text
 
     def _reference_figures(self) -> str:

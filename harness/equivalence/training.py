@@ -7,13 +7,15 @@ The float32 runs are trained here; the float64 reference and the rounding floor 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from harness.compat import releasing_traced_graphs
 from harness.equivalence.reference import float64_model, with_reference
-from harness.equivalence.report import REFERENCES, EquivalenceReport, _diff_variables
+from harness.equivalence.report import RANDOMNESS, REFERENCES, EquivalenceReport, _diff_variables
 from harness.equivalence.runs import _Comparison, _keep, _Run, _slots_built, _Traced
 from harness.errors import InvalidValue
 
@@ -45,14 +47,23 @@ def compare_training(
     single_runs: dict | None = None,
     skip_float64_parallel_within: float | None = None,
     validation_data=None,
+    randomness: str = "both",
 ) -> EquivalenceReport:
     """Trains ``build_model()`` on one device and with ``parallelize``; compares weights.
 
     Both runs start from the same initial weights, see the same batches in the
     same order (no shuffling) and use fresh copies of ``optimizer``.
 
+    A model with training-time randomness (``harness.compat.random_layers``: Dropout, GaussianNoise, the Random*
+    augmentation layers, any layer drawing from a seed generator) cannot equal one device: each device draws its
+    own numbers for its rows. It is compared twice (``randomness="both"``): as it is, float32 only (the float64
+    reference would only measure the draws again), and with those layers as at inference in training, in every
+    run (``harness.compat.randomness_off``), with ``reference``. The second decides: the report returned is its,
+    naming the layers (``random_layers``) and carrying the first (``with_randomness``).
+
     Args:
-        build_model: returns a new, built Keras model (called twice; four times with ``reference``).
+        build_model: returns a new, built Keras model (called twice; four times with ``reference``; twice
+            as often for a model with random layers compared both ways).
         x: training inputs (arrays or nested structures of arrays).
         y: training targets (arrays or nested structures of arrays).
         devices: as for ``parallelize``.
@@ -112,13 +123,18 @@ def compare_training(
             agree within it (``is_equivalent``), the parallel float64 run is skipped
             and so are the rounding floor's runs (``reference_exact``, ``floor`` and ``floor_loss`` stay None;
             ``verdict`` at that tolerance is "exact" without them).
+        randomness: what a model with random layers is compared as: ``"both"`` (as it is and with them off in
+            training; the latter decides), ``"off"`` (with them off only) or ``"as-is"`` (as it is only: it
+            differs by its draws). A model without random layers is compared once whatever this says
+            (``random_layers`` empty).
 
     Returns:
         An ``EquivalenceReport`` covering every weight and optimizer variable.
 
     Raises:
         ValueError: ``batch_size``/``epochs`` not positive, x and y differ in length,
-            ``reference`` not None or ``"float64"``, or (``reference="float64"``)
+            ``reference`` not None or ``"float64"``, ``randomness`` not one of ``RANDOMNESS``, or
+            (``reference="float64"``)
             ``build_model()`` builds variables that stay in a lower precision
             under the float64 policy (a layer with variables given its own
             ``dtype``; Keras 3 layers without variables, such as the mixed
@@ -126,15 +142,31 @@ def compare_training(
             made float64; Keras 2 ones are refused too), or a Keras 3 ``Loss``
             that cannot be re-created in float64.
     """
-    from harness.compat import is_keras2_model, keras_module_of, set_random_seed
-
-    _check_arguments(batch_size, epochs, reference)
+    _check_arguments(batch_size, epochs, reference, randomness)
     n = _length(x)
     if y is not None and _length(y) != n:
         raise InvalidValue(f"x and y must have the same number of samples; got len(x)={n}, len(y)={_length(y)}")
-
+    options = dict(devices=devices, ratios=ratios, method=method, batch_size=batch_size, epochs=epochs,
+                   optimizer=optimizer, loss=loss, metrics=metrics, sample_weight=sample_weight,
+                   class_weight=class_weight, sync_batchnorm=sync_batchnorm, seed=seed, loss_weights=loss_weights,
+                   callbacks=callbacks, jit_compile=jit_compile, validation_data=validation_data)
     kept = single_runs if single_runs is not None else {}
-    set_random_seed(seed)
+    return _compare(build_model, x, y, n, kept, options, reference=reference, randomness=randomness,
+                    skip_within=skip_float64_parallel_within, keep=single_runs is not None)
+
+
+_OFF = "randomness off"  # where ``single_runs`` keeps the runs with the random layers off (a dict like it)
+
+
+def _compare(build_model, x, y, n: int, kept: dict, options: dict, *, reference: str | None, randomness: str,
+             skip_within: float | None, keep: bool) -> EquivalenceReport:
+    """``compare_training`` of checked arguments (``options``: its keyword arguments but these); ``kept``: its
+    ``single_runs`` (``keep``: the caller's, serving later calls) or a dict of this call's."""
+    from harness.compat import is_keras2_model, keras_module_of, random_layers, randomness_off, set_random_seed
+
+    devices, ratios, method = options["devices"], options["ratios"], options["method"]
+    sync_batchnorm, batch_size, callbacks = options["sync_batchnorm"], options["batch_size"], options["callbacks"]
+    set_random_seed(options["seed"])
     single: Any = None if "single" in kept else build_model()  # Keras models: TensorFlow and Keras are untyped
     initial_weights = kept["initial"] if single is None else kept.setdefault("initial", single.get_weights())
     if single is not None:
@@ -142,7 +174,7 @@ def compare_training(
         # starts where every other run of the comparison does, whatever build_model() drew this time.
         single.set_weights(initial_weights)
     # A parallel model of harness's own is kept for later calls over these devices (its trace too).
-    shared = None if callable(method) or single_runs is None else (method, tuple(devices), bool(sync_batchnorm))
+    shared = None if callable(method) or not keep else (method, tuple(devices), bool(sync_batchnorm))
     wrap = _wrapper(method, sync_batchnorm)
     key = shared and ("parallel", *shared)
     traced = _Traced.take(kept, key, initial_weights, ratios)
@@ -152,36 +184,57 @@ def compare_training(
         parallel = wrap(template, devices, ratios)
     else:
         template, parallel = traced.template, traced.parallel
+    drawing = random_layers(template)
+    both = bool(drawing) and randomness == "both"
+    if drawing and randomness == "off":
+        switch: Any = randomness_off(template)
+    else:
+        switch = contextlib.nullcontext()
     run = _Comparison(
         build_model=build_model, initial_weights=initial_weights, keras=keras_module_of(template),
         keras2=is_keras2_model(template), x=x, y=y, samples=n,
-        fit_args=dict(batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0,
-                      sample_weight=sample_weight, class_weight=class_weight, validation_data=validation_data),
-        optimizer=optimizer, loss=loss, loss_weights=loss_weights, metrics=metrics, jit_compile=jit_compile,
-        wrap=wrap, devices=devices, ratios=ratios, callbacks=callbacks, kept=kept, shared=shared,
+        fit_args=dict(batch_size=batch_size, epochs=options["epochs"], shuffle=False, verbose=0,
+                      sample_weight=options["sample_weight"], class_weight=options["class_weight"],
+                      validation_data=options["validation_data"]),
+        optimizer=options["optimizer"], loss=options["loss"], loss_weights=options["loss_weights"],
+        metrics=options["metrics"], jit_compile=options["jit_compile"], wrap=wrap, devices=devices, ratios=ratios,
+        callbacks=callbacks, kept=kept, shared=shared,
     )
-    # Built (and checked) before any training, so that a model that cannot be float64 fails at once.
-    float64 = float64_model(run) if reference is not None else None
+    # With random layers compared twice, the run as the model is needs no float64 reference: its draws differ.
+    reference_here = None if both else reference
+    with switch:
+        # Built (and checked) before any training, so that a model that cannot be float64 fails at once.
+        float64 = float64_model(run) if reference_here is not None else None
 
-    if "single" not in kept:
-        history = _slots_built(run.compiled(single)).fit(x, y, **run.fit_args).history
-        kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
-    one = kept["single"]
-    if traced is None:
-        # A model's own steps may step optimizers of its own (a GAN's two), which a kept model's restore would
-        # not reset: not kept.
-        traced = _Traced.of(template, run.compiled(parallel), None if getattr(parallel, "own_steps", ()) else shared)
-    history_parallel = parallel.fit(x, y, callbacks=callbacks, **run.fit_args).history
-    traced.keep(kept, key)  # trained to the end: reusable
-    report = _report(getattr(method, "__name__", "custom") if callable(method) else method, one, template,
-                     parallel, history_parallel, devices, ratios, batch_size, steps=epochs * math.ceil(n / batch_size))
-    if reference is None:
+        if "single" not in kept:
+            history = _slots_built(run.compiled(single)).fit(x, y, **run.fit_args).history
+            kept["single"] = _Run(_keep(single.weights), _keep(single.optimizer.variables), history)
+        one = kept["single"]
+        if traced is None:
+            # A model's own steps may step optimizers of its own (a GAN's two), which a kept model's restore would
+            # not reset: not kept.
+            traced = _Traced.of(template, run.compiled(parallel),
+                                None if getattr(parallel, "own_steps", ()) else shared)
+        history_parallel = parallel.fit(x, y, callbacks=callbacks, **run.fit_args).history
+        traced.keep(kept, key)  # trained to the end: reusable
+        report = _report(getattr(method, "__name__", "custom") if callable(method) else method, one, template,
+                         parallel, history_parallel, devices, ratios, batch_size,
+                         steps=options["epochs"] * math.ceil(n / batch_size))
+        if reference_here is not None:
+            report = with_reference(report, run, float64, one, template, parallel, reference=reference_here,
+                                    skip_within=skip_within)
+    report = replace(report, random_layers=drawing, randomness_off=bool(drawing) and randomness == "off")
+    if not both:
         return report
-    return with_reference(report, run, float64, one, template, parallel, reference=reference,
-                          skip_within=skip_float64_parallel_within)
+    # The same comparison with the random layers off in training, in runs of their own (a trace keeps the switch).
+    off = _compare(build_model, x, y, n, kept.setdefault(_OFF, {"initial": initial_weights}), options,
+                   reference=reference, randomness="off", skip_within=skip_within, keep=keep)
+    return replace(off, with_randomness=report)
 
 
-def _check_arguments(batch_size, epochs, reference) -> None:
+def _check_arguments(batch_size, epochs, reference, randomness) -> None:
+    if randomness not in RANDOMNESS:
+        raise InvalidValue(f"randomness must be one of {list(RANDOMNESS)}; got randomness={randomness!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
         raise InvalidValue(f"batch_size must be a positive int; got batch_size={batch_size!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:

@@ -105,9 +105,15 @@ def test_a_repository_adopts_harness(tmp_path, emulation):
                  "tox.ini", ".github/workflows/harness-ci.yml", ".github/workflows/harness-bench.yml"):
         assert (repo / path).is_file(), path
     (repo / "harness.toml").write_text((repo / "harness.toml").read_text() + "# edited\n")
+    again = run_harness(repo, *init)  # the adopter's edit is theirs: kept
+    assert again.returncode == 0 and "harness.toml" in again.stderr, _said(again)
+    assert (repo / "harness.toml").read_text().endswith("# edited\n")
+    (repo / "asv.conf.json").unlink()
+    (repo / "tox.ini").write_text("[tox]\n")  # a file harness init did not write: it stops, writing nothing
     again = run_harness(repo, *init)
-    assert again.returncode == 2 and "harness.toml" in again.stderr and "--force" in again.stderr, _said(again)
-    assert (repo / "harness.toml").read_text().endswith("# edited\n")  # nothing was written
+    assert again.returncode == 2 and "tox.ini" in again.stderr and "--force" in again.stderr, _said(again)
+    assert not (repo / "asv.conf.json").exists()
+    assert run_harness(repo, *init, "--force").returncode == 0
 
     # The generated pytest file: green on the base, red on the commit whose layer mixes the batch's rows.
     pytest_file = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_harness_equivalence.py")
@@ -117,7 +123,7 @@ def test_a_repository_adopts_harness(tmp_path, emulation):
     git(repo, "checkout", "-q", mixing)
     red = _run(repo, *pytest_file)
     assert red.returncode == 1, _said(red)
-    assert "workload 'model'" in red.stdout and "NOT the single-device step" in red.stdout, _said(red)
+    assert "workload 'model'" in red.stdout and "did NOT come out as expected" in red.stdout, _said(red)
     git(repo, "checkout", "-q", "main")
 
     # The user's model in harness check and harness tune (emulated devices), on the base.

@@ -30,11 +30,20 @@ from keras import layers
 VOCAB, LENGTH = 500, 32
 
 
-def _model(dropout):
+class BatchCentre(layers.Layer):
+    """Subtracts the batch's mean feature: each row's output depends on the other rows of its batch."""
+
+    def call(self, x):
+        return x - keras.ops.mean(x, axis=0, keepdims=True)
+
+
+def _model(dropout=False, mixing=False):
     inputs = keras.Input(shape=(LENGTH,), dtype="int64", name="tokens")
     x = layers.Embedding(VOCAB, 16)(inputs)
     if dropout:
         x = layers.Dropout(0.5)(x)
+    if mixing:
+        x = BatchCentre()(x)
     x = layers.Conv1D(16, 5, padding="valid", activation="relu", strides=2)(x)
     x = layers.Conv1D(16, 5, padding="valid", activation="relu", strides=2)(x)
     x = layers.GlobalMaxPooling1D()(x)
@@ -49,8 +58,12 @@ def build():
     return _model(dropout=False)
 
 
-def build_dropout():  # a different dropout mask on every device's slice: not the single device's step
+def build_dropout():  # a different dropout mask on every device's slice: judged with it off, and named
     return _model(dropout=True)
+
+
+def build_mixing():  # a layer that mixes the batch's rows: not the single device's step on a split batch
+    return _model(mixing=True)
 
 
 def data(batch_size):
@@ -211,15 +224,19 @@ def test_run_with_real_data_on_an_uneven_split(models, tmp_path):
 
 
 def test_check_gives_a_verdict_and_fails_a_model_that_is_not_equivalent(models, tmp_path):
-    """The verdict is real: the same model with Dropout (each device's slice draws its own mask) fails it."""
-    exact, dropout = f"{models}/text_cnn.py:build", f"{models}/text_cnn.py:build_dropout"
-    done = run_harness(["check", "--model", exact, dropout, "--logical-cpus", "2", "--ratios", "3", "2",
+    """The verdict is real: the same model with a layer that mixes the batch's rows fails it; with Dropout (each
+    device's slice draws its own mask) it is judged with the mask off, and Dropout is named."""
+    exact, dropout, mixing = (f"{models}/text_cnn.py:{name}" for name in ("build", "build_dropout", "build_mixing"))
+    done = run_harness(["check", "--model", exact, dropout, mixing, "--logical-cpus", "2", "--ratios", "3", "2",
                         "--time-steps", "0", "--json"], tmp_path)
     assert done.returncode == 1, done.stderr[-4000:]  # one model fails: the exit status says so
     rows = {(r["model"], r["method"]): r for r in json.loads(done.stdout)["equivalence"]}
     for method in ("towers", "mirrored"):
         assert rows[exact, method]["passed"] and rows[exact, method]["max_deviation"] <= 1e-6
-        assert not rows[dropout, method]["passed"] and rows[dropout, method]["max_deviation"] > 1e-4
+        assert rows[exact, method]["random_layers"] == []
+        assert not rows[mixing, method]["passed"] and rows[mixing, method]["max_deviation"] > 1e-4
+        assert rows[dropout, method]["passed"] and rows[dropout, method]["random_layers"] == ["Dropout"]
+        assert rows[dropout, method]["with_randomness"]["max_deviation"] > 1e-4  # with the mask on: per device
 
 
 
@@ -233,13 +250,19 @@ def test_check_runs_a_models_own_train_step_on_towers_and_says_mirrored_refuses_
     only = run_harness(["check", "--model", spec, "--logical-cpus", "2", "--ratios", "3", "2", "--methods",
                         "mirrored", "--time-steps", "0"], tmp_path)
     assert only.returncode == 2 and "defines its own train_step" in only.stderr  # nothing could run it
+    as_json = run_harness(["check", "--model", spec, "--logical-cpus", "2", "--ratios", "3", "2", "--methods",
+                           "mirrored", "--time-steps", "0", "--json"], tmp_path)
+    assert as_json.returncode == 2, as_json.stderr[-4000:]  # the refusal's status, its rows first (harness.project)
+    (row,) = json.loads(as_json.stdout)["equivalence"]
+    assert row["refused"] == "custom-train-step" and row["method"] == "mirrored"
 
 
 @pytest.mark.extended
 def test_check_with_a_float64_reference_tells_rounding_from_a_different_step(models, tmp_path):
     """``--reference float64`` (what harness init's pytest file runs): at --tol 0 the exact model's float32
-    rounding is judged as accurate as one device, while Dropout still fails, with the reason."""
-    exact, dropout = f"{models}/text_cnn.py:build", f"{models}/text_cnn.py:build_dropout"
+    rounding is judged as accurate as one device, while a layer that mixes the batch's rows still fails, with the
+    reason."""
+    exact, dropout = f"{models}/text_cnn.py:build", f"{models}/text_cnn.py:build_mixing"
     done = run_harness(["check", "--model", exact, dropout, "--logical-cpus", "2", "--ratios", "3", "2",
                         "--methods", "mirrored", "--tol", "0", "--reference", "float64", "--time-steps", "0",
                         "--json"], tmp_path)

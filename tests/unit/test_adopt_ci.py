@@ -1,20 +1,25 @@
 """The CI files `harness init` writes (harness.ci.adopt): lint-clean, safe, doing what they say.
 
-A sample project's files are rendered twice, steps inline and calling harness' reusable workflows, into
-git repositories under tmp_path, and each linter of harness' own CI (actionlint with shellcheck, zizmor,
-yamllint with harness' .yamllint.yaml, hadolint) runs once over all of them; planted problems show each
-linter call can fail. The workflows obey the rules tests/unit/test_workflows.py holds harness' own to, and
-harness' reusable workflows are the rendered ones, running the same steps as the inline form.
+A sample project's files are rendered four times, steps inline and calling harness' reusable workflows, each
+with the defaults and with another default branch (trunk), a URL requirement and its note, into git
+repositories under tmp_path, and each linter of harness' own CI (actionlint with shellcheck, zizmor, yamllint
+with harness' .yamllint.yaml, hadolint) runs once over all of them; planted problems show each linter call can
+fail. The workflows obey the rules tests/unit/test_workflows.py holds harness' own to, and harness' reusable
+workflows are the rendered ones, running the same steps as the inline form. The templates
+(harness/ci/templates, harness.ci.render) ship as package data.
 """
 
 from __future__ import annotations
 
 import configparser
+import fnmatch
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
 import hcl2
@@ -33,13 +38,28 @@ from test_workflows import (  # _tool: the linter, or a skip where the lint extr
 )
 
 from harness.ci import adopt
+from harness.ci import render as ci_render
 from harness.ci.matrix import build_args, load_matrix, tox_deps
 from harness.errors import InvalidValue
-from harness.project import parse_config
+from harness.extras import MissingExtra
+from harness.project import CHECK_SAMPLES, parse_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"
 REUSABLE = f"example-org/harness@{SHA}"
+URL = f"git+https://example.org/x/harness@{SHA}"
+NOTE = f"keras-harness @ {URL} (a commit of harness' repository; harness init --harness-requirement changes it)"
+# mode -> ci_files keywords: steps inline or calling harness' reusable workflows; the defaults or another branch,
+# a URL requirement and its note.
+MODES = {"inline": {}, "reusable": {"reusable": REUSABLE},
+         "trunk": {"branch": "trunk", "harness_requirement": f"keras-harness @ {URL}", "requirement_note": NOTE},
+         "trunk-reusable": {"reusable": REUSABLE, "branch": "trunk", "harness_requirement": f"keras-harness @ {URL}",
+                            "requirement_note": NOTE}}
 TABLE = {"devices": 2, "ratios": [3, 2], "methods": ["mirrored", "towers"], "matrix": ["tf221", "legacy"],
          "workloads": {"classifier": {"model": "mypkg.model:build", "data": "mypkg.data:batches"},
                        "text": {"model": "models/text_model.py:build_text_classifier", "check-batch-size": 10}}}
@@ -55,13 +75,13 @@ def _project(tmp_path: Path, **changes):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
-    """mode ("inline", "reusable") -> a git repository holding that mode's files."""
+    """mode (MODES) -> a git repository holding that mode's files."""
     base = tmp_path_factory.mktemp("adopt")
     project = parse_config(TABLE, base / "harness.toml")
     roots = {}
-    for mode, reusable in (("inline", None), ("reusable", REUSABLE)):
+    for mode, options in MODES.items():
         root = base / mode
-        for rel, text in adopt.ci_files(project, "My_Pkg", reusable=reusable).items():
+        for rel, text in adopt.ci_files(project, "My_Pkg", **options).items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
         # actionlint finds .github/actionlint.yaml (the `gpu` runner label) at the repository's root.
@@ -101,7 +121,7 @@ def _zizmor(paths: list[Path], cwd: Path) -> subprocess.CompletedProcess:
     return _run([_tool("zizmor"), "--offline", "--no-progress", "--min-severity", "medium", *map(str, paths)], cwd)
 
 
-def test_the_files_are_written_in_both_modes(rendered):
+def test_the_files_are_written_in_every_mode(rendered):
     for root in rendered.values():
         assert {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git/" not in
                 str(p.relative_to(root)) + "/"} == FILES
@@ -174,7 +194,7 @@ def test_hadolint_reports_a_planted_problem(tmp_path, rendered):
 # --- the rules harness' own workflows obey (tests/unit/test_workflows.py) ---------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["inline", "reusable"])
+@pytest.mark.parametrize("mode", list(MODES))
 def test_the_workflows_obey_harness_workflow_rules(rendered, mode):
     for path in _workflows({mode: rendered[mode]}):
         text = path.read_text()
@@ -227,9 +247,9 @@ def test_gpu_runs_the_checks_and_asv_in_each_entry_image_on_self_hosted_gpus(ren
     checks = re.findall(r"in_image harness check (.*?) \|\| status=1", runs.replace("\\\n", " "), re.S)
     assert [" ".join(c.split()) for c in checks] == [
         "--model mypkg.model:build --data mypkg.data:batches --devices /gpu:0 /gpu:1 --ratios 3 2 --methods "
-        "mirrored towers --batch-size 20 --samples 60 --tol 1e-06 --reference float64 --time-steps 0",
+        f"mirrored towers --batch-size 20 --samples {CHECK_SAMPLES} --tol 1e-06 --reference float64 --time-steps 0",
         "--model models/text_model.py:build_text_classifier --devices /gpu:0 /gpu:1 --ratios 3 2 --methods "
-        "mirrored towers --batch-size 10 --samples 60 --tol 1e-06 --reference float64 --time-steps 0"]
+        f"mirrored towers --batch-size 10 --samples {CHECK_SAMPLES} --tol 1e-06 --reference float64 --time-steps 0"]
     assert _on(workflow) == {"push": {"branches": ["main"]}, "workflow_dispatch": None,
                               "pull_request": {"types": ["labeled"]}}
 
@@ -376,7 +396,198 @@ def test_the_harness_requirement_carries_its_version_and_gets_the_extras(tmp_pat
         adopt.ci_files(_project(tmp_path), "pkg", harness_requirement='keras-harness; python_version > "3"')
 
 
+# --- another default branch, a URL requirement and where it came from -------------------------------------------
+
+
+def test_the_branch_is_in_every_trigger_and_condition_and_main_is_gone(rendered):
+    for mode in ("trunk", "trunk-reusable"):
+        for path in _workflows({mode: rendered[mode]}):
+            assert not re.search(r"\bmain\b", path.read_text()), f"{mode}: {path.name} still names main"
+        for name in ("harness-ci.yml", "harness-gpu.yml"):
+            assert _on(_load(_text(rendered, mode, name)))["push"] == {"branches": ["trunk"]}, (mode, name)
+        assert "#   - push to trunk: reviewed and merged code;" in _text(rendered, mode, "harness-gpu.yml")
+        assert _text(rendered, mode, "harness-nightly.yml").startswith("# Nightly benchmarks of trunk (written")
+    inline = _load(_text(rendered, "trunk", "harness-nightly.yml"))["jobs"]["bench"]
+    assert inline["if"] == "github.ref == 'refs/heads/trunk'"
+    called = _load(_text(rendered, "trunk-reusable", "harness-nightly.yml"))["jobs"]["nightly"]
+    assert called["with"]["branch"] == "trunk"
+    for root in (rendered["trunk"], rendered["trunk-reusable"]):  # the rest names no branch
+        for rel in ("docker/harness.Dockerfile", "docker/harness-bake.hcl", "tox.ini"):
+            assert not re.search(r"\bmain\b", (root / rel).read_text()), rel
+
+
+@pytest.mark.parametrize("branch", ["on", "1.0", "release/2.x"])
+def test_a_branch_yaml_would_misread_is_quoted(tmp_path, branch):
+    files = adopt.ci_files(_project(tmp_path), "pkg", branch=branch, reusable=REUSABLE)
+    assert _on(_load(files[".github/workflows/harness-ci.yml"]))["push"]["branches"] == [branch]
+    assert _load(files[".github/workflows/harness-nightly.yml"])["jobs"]["nightly"]["with"]["branch"] == branch
+
+
+def _setup_word(command: str) -> str:
+    words = shlex.split(command)
+    assert words[:4] == ["python", "-m", "pip", "install"], command
+    return words[-1]
+
+
+def _installs(root: Path, reusable: bool) -> dict[str, list[str]]:
+    """file -> the harness requirements it installs, as pip gets them (shell words, YAML, HCL and ini values)."""
+    bench, nightly = (_load((root / ".github" / "workflows" / name).read_text())["jobs"]
+                      for name in ("harness-bench.yml", "harness-nightly.yml"))
+    ci = _runs(_load((root / ".github" / "workflows" / "harness-ci.yml").read_text())["jobs"]["equivalence"])
+    with open(root / "docker" / "harness-bake.hcl") as f:
+        bake = hcl2.load(f)
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(root / "tox.ini")
+    dockerfile = (root / "docker" / "harness.Dockerfile").read_text()
+    return {
+        "harness-ci.yml": [w for w in shlex.split(ci.replace("\\\n", " ")) if w.startswith("keras-harness")],
+        "harness-bench.yml": [_setup_word(bench["bench"]["with"]["setup"] if reusable
+                                          else bench["bench"]["env"]["SETUP"])],
+        "harness-nightly.yml": [_setup_word(nightly["nightly"]["with"]["setup"] if reusable
+                                            else nightly["bench"]["env"]["SETUP"])],
+        "docker/harness.Dockerfile": re.findall(r'^ARG HARNESS_REQUIREMENT="([^"]*)"$', dockerfile, re.M),
+        "docker/harness-bake.hcl": [body["default"].strip('"') for block in bake["variable"]
+                                    for name, body in block.items() if name.strip('"') == "HARNESS_REQUIREMENT"],
+        "tox.ini": [d for d in tox["testenv:gpu"]["deps"].split("\n") if d.startswith("keras-harness")],
+    }
+
+
+def test_a_url_requirement_is_installed_verbatim_with_its_extras_everywhere(rendered):
+    for mode in ("trunk", "trunk-reusable"):
+        assert _installs(rendered[mode], reusable=mode.endswith("reusable")) == {
+            "harness-ci.yml": [f"keras-harness[test] @ {URL}"],
+            "harness-bench.yml": [f"keras-harness[bench] @ {URL}"],
+            "harness-nightly.yml": [f"keras-harness[bench] @ {URL}"],
+            "docker/harness.Dockerfile": [f"keras-harness[test,bench] @ {URL}"],
+            "docker/harness-bake.hcl": [f"keras-harness[test,bench] @ {URL}"],
+            "tox.ini": [f"keras-harness[test] @ {URL}"]}, mode
+
+
+@pytest.mark.parametrize("requirement", ["keras-harness @ file:///tmp/keras_harness-0.1.dev3-py3-none-any.whl",
+                                         f"keras-harness[gpu]@{URL}"])
+def test_other_url_requirements_are_installed_verbatim(tmp_path, requirement):
+    url = requirement.split("@", 1)[1].strip()
+    extra = "gpu," if "[gpu]" in requirement else ""
+    for reusable in (None, REUSABLE):
+        root = tmp_path / str(bool(reusable))
+        for rel, text in adopt.ci_files(_project(tmp_path), "pkg", reusable=reusable,
+                                        harness_requirement=requirement).items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+        installs = _installs(root, reusable=bool(reusable))
+        assert installs["harness-ci.yml"] == installs["tox.ini"] == [f"keras-harness[{extra}test] @ {url}"]
+        assert installs["harness-bench.yml"] == installs["harness-nightly.yml"] == [
+            f"keras-harness[{extra}bench] @ {url}"]
+        assert installs["docker/harness.Dockerfile"] == installs["docker/harness-bake.hcl"] == [
+            f"keras-harness[{extra}test,bench] @ {url}"]
+
+
+def _note_comments(text: str) -> list[str]:
+    """Each ``# harness: ...`` comment of ``text``, its continuation lines (``#   ...``) joined to it."""
+    notes: list[str] = []
+    follows = False
+    for line in (line.strip() for line in text.splitlines()):
+        if line.startswith("# harness: "):
+            notes.append(line[2:])
+        elif follows and line.startswith("#   "):
+            notes[-1] += " " + line[4:]
+        follows = line.startswith("# harness: ") or (follows and line.startswith("#   "))
+    return notes
+
+
+def test_each_file_that_installs_harness_says_where_its_requirement_came_from(rendered, tmp_path):
+    for mode in ("trunk", "trunk-reusable"):
+        root = rendered[mode]
+        for rel in (".github/workflows/harness-ci.yml", ".github/workflows/harness-bench.yml",
+                    ".github/workflows/harness-nightly.yml", "docker/harness.Dockerfile", "docker/harness-bake.hcl",
+                    "tox.ini"):
+            assert _note_comments((root / rel).read_text()) == [f"harness: {NOTE}"], (mode, rel)
+    for mode in ("inline", "reusable"):  # no note given: no comment
+        assert not any(_note_comments(p.read_text()) for p in rendered[mode].rglob("*")
+                       if p.is_file() and ".git/" not in str(p) + "/")
+    short = adopt.ci_files(_project(tmp_path), "pkg", harness_requirement="keras-harness==0.3.1",
+                           requirement_note="keras-harness==0.3.1 (the installed release; harness init "
+                           "--harness-requirement changes it)")
+    assert ("      # harness: keras-harness==0.3.1 (the installed release; harness init --harness-requirement "
+            "changes it)\n      - name: install\n") in short[".github/workflows/harness-ci.yml"]
+
+
+# --- the templates: Jinja2, shipped as package data -----------------------------------------------------------------
+
+
+def test_every_rendered_workflow_is_valid_yaml(rendered):
+    texts = [p.read_text() for root in rendered.values() for p in (root / ".github").rglob("*.y*ml")]
+    texts += list(adopt.reusable_workflows().values())
+    assert len(texts) == 4 * 6 + 2
+    for text in texts:
+        assert isinstance(yaml.safe_load(text), dict), text[:200]
+
+
+def test_the_templates_ship_as_package_data():
+    shipped = {p.name for p in resources.files("harness.ci").joinpath("templates").iterdir()}
+    used = {"harness-ci.yml.j2", "harness-gpu.yml.j2", "harness-bench.yml.j2", "harness-bench-comment.yml.j2",
+            "harness-nightly.yml.j2", "reusable-bench-gate.yml.j2", "reusable-nightly.yml.j2", "_bench-job.yml.j2",
+            "_nightly-jobs.yml.j2", "actionlint.yaml.j2", "harness.Dockerfile.j2",
+            "harness.Dockerfile.dockerignore.j2", "harness-bake.hcl.j2", "tox-gpu.ini.j2"}
+    assert used <= shipped and set(ci_render.template_names()) == {n for n in shipped if n.endswith(".j2")}
+    # pyproject's package data for harness.ci takes every template into the wheel and the sdist
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["harness.ci"]
+    for name in ci_render.template_names():
+        assert any(fnmatch.fnmatch(f"templates/{name}", g) for g in globs), (name, globs)
+
+
+def test_github_expressions_survive_rendering_and_no_template_mark_is_left(rendered):
+    for root in rendered.values():
+        for path in root.rglob("*"):
+            if path.is_file() and ".git/" not in str(path) + "/":
+                text = path.read_text()
+                assert not re.search(r"<%=|%>|#\{%|#\{#", text), path
+    text = _text(rendered, "inline", "harness-bench.yml")
+    assert "group: >-\n    ${{ github.workflow }}-${{ github.event.pull_request.number }}-${{\n" in text
+
+
+def test_render_template_names_a_missing_template_or_value():
+    with pytest.raises(InvalidValue, match=re.escape("no CI template 'nope.yml.j2' in harness/ci/templates (known: "
+                                                     "actionlint.yaml.j2, harness-bake.hcl.j2")):
+        ci_render.render_template("nope.yml.j2")
+    with pytest.raises(InvalidValue, match=re.escape("template 'harness-ci.yml.j2': 'devices' is undefined")):
+        ci_render.render_template("harness-ci.yml.j2")
+    assert ci_render.render_template("actionlint.yaml.j2").endswith("    - gpu\n")  # the trailing newline kept
+
+
+def test_without_jinja2_rendering_names_the_ci_extra(monkeypatch):
+    ci_render._environment.cache_clear()
+    monkeypatch.setitem(sys.modules, "jinja2", None)  # import jinja2 fails, as where it is not installed
+    try:
+        with pytest.raises(MissingExtra, match=re.escape("Jinja2 (jinja2) is not installed") + ".*"
+                           + re.escape("pip install 'keras-harness[ci]'")):
+            adopt.reusable_workflows()
+    finally:
+        ci_render._environment.cache_clear()
+
+
 # --- bad values, named ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("branch", ["", "-x", "a..b", "feat branch", "x'y", "a/", "a/.b", "x.lock", "${{x}}"])
+def test_a_branch_that_is_no_safe_git_branch_name_is_named(tmp_path, branch):
+    with pytest.raises(InvalidValue, match=re.escape(f"(the repository's default branch); got {branch!r}")):
+        adopt.ci_files(_project(tmp_path), "pkg", branch=branch)
+
+
+@pytest.mark.parametrize("note", ["two\nlines", "a\rb", "tab\there"])
+def test_a_requirement_note_of_more_than_one_line_is_named(tmp_path, note):
+    with pytest.raises(InvalidValue, match=re.escape(f"requirement_note must be one line of text (it is written as a "
+                                                     f"comment); got {note!r}")):
+        adopt.ci_files(_project(tmp_path), "pkg", requirement_note=note)
+
+
+@pytest.mark.parametrize("requirement", ["keras-harness @ git+https://x.org/h h", "keras-harness[$(id)]",
+                                         "keras-harness @ https://x.org/h#egg=keras-harness", "keras-harness @",
+                                         "'keras-harness'", "keras-harness @ ${{x}}", "keras-harness==1 @ x"])
+def test_a_requirement_unsafe_to_write_is_named(tmp_path, requirement):
+    with pytest.raises(InvalidValue, match=re.escape(f"got {requirement!r}")):
+        adopt.ci_files(_project(tmp_path), "pkg", harness_requirement=requirement)
 
 
 def test_an_unknown_matrix_entry_is_named_with_the_known_ones(tmp_path):

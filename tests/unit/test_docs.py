@@ -71,12 +71,11 @@ def is_ignored(ref: str, root: Path = ROOT) -> bool:
 
 def generated_paths() -> set[str]:
     """The paths ``harness init`` writes into a user's repository (rendered here, without writing)."""
-    import argparse
-
+    from harness.cli import _parser
     from harness.cli.init import render
 
-    args = argparse.Namespace(model=["pkg.models:build"], data=[], devices=2, ratios=None, methods=["mirrored"],
-                              emulate=None, matrix=None, batch_size=64, reusable=None)
+    args = _parser().parse_args(["init", "--model", "pkg.models:build", "--harness-requirement", "keras-harness",
+                                 "--branch", "main"])
     files, _ = render(ROOT, args)
     return {*files, "tox.ini"}
 

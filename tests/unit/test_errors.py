@@ -212,3 +212,27 @@ def test_a_subclassed_model_keras_has_no_config_of_is_refused(logical_devices, a
             as info:
         adapter_for(model).clone(model, tf.distribute.get_strategy(), sync_batchnorm=False)
     assert info.value.reason == "not-cloneable"
+
+
+def test_every_refusal_harness_raises_is_registered():
+    """harness.errors.REFUSALS lists every reason id raised in harness' source (what a workload's expect and the zoo's
+    pins name), and no id that nothing raises."""
+    import re
+    from pathlib import Path
+
+    import harness
+    from harness.errors import REFUSALS
+
+    sources = [path.read_text() for path in Path(harness.__file__).parent.rglob("*.py")]
+    refusals = {"Refused"}  # Refused and its subclasses, wherever harness defines one
+    while True:
+        found = {name for text in sources for name, bases in re.findall(r"^class (\w+)\(([^)]*)\)", text, re.M)
+                 if refusals & {b.strip() for b in bases.split(",")}}
+        if found <= refusals:
+            break
+        refusals |= found
+    assert {"NotSupported", "SparseLayoutError", "Keras2NotSupported"} <= refusals
+    calls = "|".join(sorted(refusals))
+    raised = {reason for text in sources for reason in re.findall(rf'\b(?:{calls})\(\s*"([a-z0-9-]+)"', text)}
+    assert raised, "no Refused(...) found: the pattern no longer matches how harness raises them"
+    assert raised == set(REFUSALS), (sorted(raised - set(REFUSALS)), sorted(set(REFUSALS) - raised))

@@ -15,7 +15,8 @@ MODEL = ["--model", "digits.model:build"]
 
 
 def _files(root) -> dict[str, str]:
-    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(root).parts}
 
 
 def test_writes_a_loadable_config_and_every_file(tmp_path, capsys):
@@ -33,20 +34,26 @@ def test_writes_a_loadable_config_and_every_file(tmp_path, capsys):
         assert path in files, path
     conf = json.loads(files["asv.conf.json"])
     assert conf["project"] == "digits" and conf["benchmark_dir"] == "benchmarks"
-    assert "keras-harness[bench]" in conf["matrix"]["req"]
+    from harness.ci.adopt import requirement_with
+    from harness.dist import default_requirement
+
+    assert requirement_with(default_requirement()[0], ("bench",)) in conf["matrix"]["req"]
     assert "class StepTime(suites.StepTime)" in files["benchmarks/harness_suites.py"]
     assert "[testenv:gpu]" in files["tox.ini"]
     compile(files["tests/test_harness_equivalence.py"], "t.py", "exec")
     assert "harness init: write" in capsys.readouterr().err  # progress, one line a file, on stderr
 
 
-def test_a_second_run_changes_nothing_and_refuses_to_overwrite(tmp_path, capsys):
+def test_a_second_run_changes_nothing_keeps_edits_and_refuses_to_overwrite_others(tmp_path, capsys):
     assert main(["init", str(tmp_path), *MODEL]) == 0
     before = _files(tmp_path)
     assert main(["init", str(tmp_path), *MODEL]) == 0  # the same files: unchanged
     assert _files(tmp_path) == before
+    (tmp_path / "asv.conf.json").write_text("{}\n")  # the adopter's edit of a file harness init wrote: kept
+    assert main(["init", str(tmp_path), *MODEL]) == 0
+    assert (tmp_path / "asv.conf.json").read_text() == "{}\n"
     capsys.readouterr()
-    (tmp_path / "asv.conf.json").write_text("{}\n")
+    (tmp_path / ".harness" / "init.json").unlink()  # now no file is harness init's: each that differs stops it
     (tmp_path / "harness.toml").unlink()
     assert main(["init", str(tmp_path), *MODEL, "--devices", "3"]) == 2
     err = capsys.readouterr().err
@@ -84,6 +91,9 @@ def test_dry_run_prints_every_file_and_writes_none(tmp_path, capsys):
     (["--model", "digits.model"], "model: must be MODULE:ATTR"),
     (["--model", "a=digits.model:build", "--model", "a=digits.model:other"], "workload 'a' given twice"),
     (["--model", "digits.model:build", "--reusable", "owner/harness@main"], "main"),
+    (["--model", "digits.model:build", "--branch=-x"], "--branch must be a git branch name"),
+    (["--model", "digits.model:build", "--harness-requirement", "keras-harness; rm -rf /"], "harness_requirement"),
+    (["--devices", "3"], "no harness.toml"),
 ])
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, argv, said):
     assert main(["init", str(tmp_path), *argv]) == 2
@@ -97,3 +107,126 @@ def test_init_imports_no_tensorflow(tmp_path):
             f"main(['init', {str(tmp_path)!r}, '--model', 'digits.model:build']); print('tensorflow' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().endswith("False")
+
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+URL_REQUIREMENT = f"keras-harness @ git+https://example.org/harness.git@{SHA}"
+WORKFLOWS = (".github/workflows/harness-ci.yml", ".github/workflows/harness-gpu.yml",
+             ".github/workflows/harness-bench.yml", ".github/workflows/harness-nightly.yml")
+
+
+def _git(root, *argv):
+    return subprocess.run(["git", *argv], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _repo(root, branch):
+    root.mkdir(parents=True, exist_ok=True)
+    _git(root, "init", "-q", "-b", branch)
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@example.org", "commit", "-q", "--allow-empty", "-m", "base")
+    return root
+
+
+def test_the_requirement_and_the_branch_reach_every_file_and_a_rerun_keeps_them(tmp_path, capsys):
+    repo = _repo(tmp_path / "repo", "trunk")
+    assert main(["init", str(repo), *MODEL, "--harness-requirement", URL_REQUIREMENT]) == 0
+    err = capsys.readouterr().err
+    assert "on branch trunk" in err and URL_REQUIREMENT in err
+    files = _files(repo)
+    project = load_project(repo)
+    assert project.extra["harness-requirement"] == URL_REQUIREMENT and project.extra["branch"] == "trunk"
+    for path in WORKFLOWS:
+        assert "trunk" in files[path] or path.endswith("bench.yml"), path  # the gate: pull requests, any branch
+        assert "refs/heads/main" not in files[path] and "[main]" not in files[path], path
+    conf = json.loads(files["asv.conf.json"])
+    assert conf["branches"] == ["trunk"] and f"keras-harness[bench] @ git+https://example.org/harness.git@{SHA}" \
+        in conf["matrix"]["req"]
+    for path in ("asv.conf.json", "tox.ini", "docker/harness.Dockerfile", "docker/harness-bake.hcl",
+                 ".github/workflows/harness-ci.yml"):
+        assert f"git+https://example.org/harness.git@{SHA}" in files[path], path
+    for path in WORKFLOWS:  # no index name left
+        assert "'keras-harness[bench]'" not in files[path] and "keras-harness[bench]==" not in files[path], path
+    assert f"harness.git@{SHA}" in files[".github/workflows/harness-bench.yml"]
+    # harness init alone: re-rendered from harness.toml, with its requirement and branch: nothing changes
+    assert main(["init", str(repo)]) == 0
+    assert _files(repo) == files
+    # --branch alone changes the branch, in harness.toml too; the workloads stay
+    assert main(["init", str(repo), "--branch", "release"]) == 0
+    assert load_project(repo).extra["branch"] == "release" and load_project(repo).workload("model")
+    assert "release" in _files(repo)[".github/workflows/harness-ci.yml"]
+
+
+def test_the_default_branch_comes_from_git(tmp_path):
+    from harness.cli.init import default_branch
+
+    assert default_branch(tmp_path)[0] == "main"  # no repository: main
+    master = _repo(tmp_path / "master", "master")
+    assert default_branch(master) == ("master", "the repository's only branch of main, master, trunk")
+    _git(master, "checkout", "-q", "-b", "feature")
+    assert default_branch(master)[0] == "master"  # not the branch checked out for a change
+    _git(master, "checkout", "-q", "master")
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(master), str(clone))  # origin/HEAD: the remote's default branch
+    _git(clone, "branch", "-q", "main")
+    assert default_branch(clone) == ("master", "the remote's default branch (origin/HEAD)")
+    odd = _repo(tmp_path / "odd", "develop")
+    assert default_branch(odd) == ("develop", "the checked-out branch (no origin/HEAD)")
+
+
+def test_the_default_requirement_is_this_harness_said_where_it_came_from(tmp_path):
+    from harness.dist import default_requirement
+
+    spec, why = default_requirement()
+    assert main(["init", str(tmp_path), *MODEL]) == 0
+    text = (tmp_path / "harness.toml").read_text()
+    assert f"harness-requirement = {json.dumps(spec)}  # how CI installs harness: {why}" in text
+    assert load_project(tmp_path).extra["harness-requirement"] == spec
+
+
+def test_with_one_model_an_unnamed_data_is_its(tmp_path):
+    assert main(["init", str(tmp_path), "--model", "text=nlp/text.py:make", "--data", "nlp/data.py:batches"]) == 0
+    assert load_project(tmp_path).workload("text").data == "nlp/data.py:batches"
+
+
+def _generated(repo, rel):
+    return json.loads((repo / ".harness" / "init.json").read_text())["files"][rel]
+
+
+def _as_an_older_harness_wrote(repo, rel, old_text, *, edit=None):
+    """The repository as if an older harness had written ``rel`` as ``old_text`` (its record too), then the adopter
+    applied ``edit`` (old, new) to it."""
+    record_path = repo / ".harness" / "init.json"
+    record = json.loads(record_path.read_text())
+    record["files"][rel] = old_text
+    record_path.write_text(json.dumps(record))
+    (repo / rel).write_text(old_text.replace(*edit) if edit else old_text)
+
+
+def test_a_rerun_after_a_template_change_keeps_the_adopters_edits(tmp_path, capsys):
+    repo = _repo(tmp_path / "repo", "main")
+    assert main(["init", str(repo), *MODEL, "--harness-requirement", "keras-harness==0.3.1"]) == 0
+    ci, nightly, gate = WORKFLOWS[0], WORKFLOWS[3], WORKFLOWS[2]
+    new = {rel: (repo / rel).read_text() for rel in (ci, nightly, gate)}
+    last = new[ci].splitlines()[-1]
+    assert new[ci].count(last) == 1
+    # harness-ci.yml: an older template wrote its last line otherwise; the adopter added a step comment at the top
+    _as_an_older_harness_wrote(repo, ci, new[ci].replace(last, last + "  # old"),
+                               edit=("\n", "\n# ours: a note of the team's\n", 1))
+    # harness-nightly.yml: the older template's last line, edited by the adopter in that very line
+    last_n = new[nightly].splitlines()[-1]
+    _as_an_older_harness_wrote(repo, nightly, new[nightly].replace(last_n, last_n + "  # old"),
+                               edit=(last_n + "  # old", last_n + "  # ours"))
+    # harness-bench.yml: as the older harness wrote it, not edited
+    _as_an_older_harness_wrote(repo, gate, new[gate].replace("\n", "\n# old template\n", 1))
+    capsys.readouterr()
+    assert main(["init", str(repo)]) == 0  # no --force needed
+    err = capsys.readouterr().err
+    text = (repo / ci).read_text()  # merged: the template's change and the adopter's edit
+    assert "# ours: a note of the team's" in text and text.splitlines()[-1] == last and "# old" not in text
+    assert f"merged    {ci}" in err
+    assert (repo / nightly).read_text().splitlines()[-1] == last_n + "  # ours"  # overlapping: kept as it is
+    assert f"kept      {nightly}: you edited it since harness init wrote it" in err and "--force" in err
+    assert _generated(repo, nightly).endswith("  # old\n")  # still the base: the next run tries again
+    assert (repo / gate).read_text() == new[gate] and f"update    {gate}" in err  # untouched: the new template
+    assert _generated(repo, ci) == new[ci]
+    assert main(["init", str(repo), "--force"]) == 0  # --force: the template's text, the edits gone
+    assert (repo / nightly).read_text() == new[nightly] and (repo / ci).read_text() == new[ci]

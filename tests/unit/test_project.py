@@ -113,3 +113,65 @@ def test_a_workload_that_cannot_load_is_a_failed_check_with_harness_own_line(tmp
     assert not result.passed
     assert "workload 'gone' (nosuch_pkg.models:build)" in result.message
     assert "no module named 'nosuch_pkg'" in result.message and "exited 2" in result.message
+
+
+def test_expect_is_one_outcome_or_one_per_method(tmp_path):
+    (tmp_path / "harness.toml").write_text(GOOD + 'expect = { towers = "custom-train-step" }\n'
+                                           '[workloads.text]\nmodel = "pkg.text:build"\nexpect = "as accurate"\n')
+    project = load_project(tmp_path)
+    classifier, text = project.workload("classifier"), project.workload("text")
+    assert (classifier.expected("towers"), classifier.expected("mirrored")) == ("custom-train-step", "exact")
+    assert (text.expected("towers"), text.expected("mirrored")) == ("as accurate", "as accurate")
+    assert classifier.check_samples == 166  # an epoch of 8 full steps of 20 and a partial one
+
+
+@pytest.mark.parametrize("expect, key", [
+    ('"roughly"', "workloads.classifier.expect"),
+    ('"Exact"', "workloads.classifier.expect"),
+    ('{ keras = "exact" }', "workloads.classifier.expect.keras"),
+    ('{ towers = 1 }', "workloads.classifier.expect.towers"),
+    ("[]", "workloads.classifier.expect"),
+])
+def test_a_bad_expectation_is_named(tmp_path, expect, key):
+    (tmp_path / "harness.toml").write_text(GOOD + f"expect = {expect}\n")
+    with pytest.raises(InvalidValue) as err:
+        load_project(tmp_path)
+    assert f"harness.toml: {key}:" in str(err.value) and "\n" not in str(err.value)
+
+
+def _row(method, verdict, deviation=0.0, **more):
+    return {"model": "pkg.models:build", "method": method, "verdict": verdict, "max_deviation": deviation,
+            "exact": verdict == "exact", "passed": verdict != "FAIL", "baseline": False, **more}
+
+
+@pytest.mark.parametrize("expect, rows, passed, said", [
+    ('"exact"', [_row("mirrored", "exact"), _row("towers", "exact")], True, []),
+    # exact is expected: an as-accurate method is a slip, named with what was expected and how to rerun
+    ('"exact"', [_row("mirrored", "as accurate as one device", 1.5e-4), _row("towers", "exact")], False,
+     ["mirrored: as accurate as one device, max deviation 1.500e-04 -- expected 'exact'", "rerun: harness check"]),
+    ('"as accurate"', [_row("mirrored", "as accurate as one device", 1.5e-4), _row("towers", "exact")], True,
+     ["towers: exact, max deviation 0.000e+00 (better than expected 'as accurate'"]),
+    ('"exact"', [_row("mirrored", "FAIL", 2e-2, why="float64 runs differ"), _row("towers", "exact")], False,
+     ["mirrored: FAIL, max deviation 2.000e-02 (float64 runs differ) -- expected 'exact'", "batch statistic"]),
+    # a refusal is met by its own id only; a method that starts refusing is not exact
+    ('{ towers = "custom-train-step" }', [_row("mirrored", "exact"), {
+        "method": "towers", "refused": "custom-train-step", "error": "it has its own train_step"}], True, []),
+    ('"exact"', [_row("mirrored", "exact"), {"method": "towers", "refused": "custom-train-step", "error": "own"}],
+     False, ["towers: refused (custom-train-step): own -- expected 'exact'"]),
+    # a method of the project's with no row is no verdict
+    ('"exact"', [_row("mirrored", "exact")], False, ["towers: no verdict"]),
+    # randomness off decides; the random layers and the run with them on are named
+    ('"exact"', [_row("mirrored", "exact", random_layers=["Dropout", "RandomFlip"],
+                      with_randomness={"verdict": "FAIL", "max_deviation": 2.9e-2}), _row("towers", "exact")], True,
+     ["with randomness off: Dropout, RandomFlip draw per device", "with them on: FAIL, 2.900e-02"]),
+])
+def test_each_method_is_held_to_what_the_workload_expects(tmp_path, expect, rows, passed, said):
+    from harness.project import judge
+
+    (tmp_path / "harness.toml").write_text(GOOD + f"expect = {expect}\n")
+    project = load_project(tmp_path)
+    result = judge(project, project.workload("classifier"), rows, 0 if passed else 1, "harness check --model x")
+    assert result.passed is passed, result.message
+    for part in said:
+        assert part in result.message, result.message
+    assert ("did NOT come out as expected" in result.message) is not passed
