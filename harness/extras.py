@@ -4,7 +4,7 @@
 or the ``[tf]`` extra). The other extras (pyproject.toml):
 
 - ``[bench]``: matplotlib (charts), nvidia-ml-py (GPU facts and telemetry), asv (benchmarks);
-- ``[ci]``: the Docker SDK for Python (``harness docker``);
+- ``[ci]``: the Docker SDK for Python (``harness docker``), tox, Jinja2 (the templates ``harness init`` renders);
 - ``[test]``: pytest and its plugins (the opt-in ``harness.pytest_plugin``).
 """
 

@@ -307,7 +307,7 @@ def _row_line(row: Mapping[str, Any], expected: str) -> str:
         said = f"refused ({got}): {row.get('error', '')}"
     else:
         said = f"{row.get('verdict', got)}, max deviation {row.get('max_deviation', float('nan')):.3e}"
-        if row.get("why"):
+        if row.get("why") and row["why"] != row.get("verdict"):
             said += f" ({row['why']})"
     random = row.get("random_layers") or []
     if random:

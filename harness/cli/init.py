@@ -82,6 +82,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--branch", metavar="NAME",
                    help="the branch the workflows test and benchmark (default: harness.toml's, else the "
                         "repository's default branch from git, else main)")
+    p.add_argument("--no-measure", dest="measure", action="store_false",
+                   help="do not run each workload's check to write what it expects (default: measured here, once, "
+                        "as the generated test runs it; without: exact)")
     p.add_argument("--force", action="store_true", help="replace files that exist with other content")
     p.add_argument("--dry-run", action="store_true", help="print what would be written; write nothing")
     p.set_defaults(run=run)
@@ -121,8 +124,10 @@ def _package_name(root: Path) -> str:
     return root.resolve().name
 
 
-def config_text(models: dict[str, str], data: dict[str, str], args) -> str:
-    """harness.toml's text (checked by ``harness.project.parse_config`` before anything is written)."""
+def config_text(models: dict[str, str], data: dict[str, str], args,
+                expects: dict[str, tuple[str, str]] | None = None) -> str:
+    """harness.toml's text (checked by ``harness.project.parse_config`` before anything is written); ``expects``:
+    workload -> (its ``expect`` value as TOML, the comment saying where it came from), default exact."""
     lines = ["# harness' configuration of this repository (harness init; docs: user-models.md of harness).",
              "# devices: GPUs where the machine has this many, else logical CPU devices.",
              f"devices = {args.devices}"]
@@ -138,9 +143,57 @@ def config_text(models: dict[str, str], data: dict[str, str], args) -> str:
         if name in data:
             lines.append(f"data = {json.dumps(data[name])}")
         lines.append(f"batch-size = {args.batch_size}  # the benchmarks' global batch")
-        lines.append('expect = "exact"  # each method\'s outcome: "exact", "as accurate" or a refusal id; per '
-                     'method: { towers = "..." }')
+        value, why = (expects or {}).get(name, ('"exact"', _NOT_MEASURED))
+        lines.append(f"expect = {value}  # {why}")
     return "\n".join(lines) + "\n"
+
+
+_NOT_MEASURED = ('each method\'s outcome: "exact", "as accurate" or a refusal id; per method: { towers = "..." } '
+                 "(not measured: harness init --no-measure or --dry-run)")
+
+
+def measure(project, echo=print) -> dict[str, tuple[str, str]]:
+    """Each workload's ``expect`` as this machine measures it (``check_workload``, the generated test's own check,
+    on the project's logical CPU devices): workload -> (TOML value, comment). A method that comes out exact is
+    expected exact where its deviation is at most half the workload's ``tol``, else as accurate (another
+    machine's rounding must not fail it); as accurate and refusals as they come out. A FAIL or no verdict is
+    never written as expected: such a workload expects exact, and ``echo`` says why its test will fail."""
+    from harness.project import AS_ACCURATE, EXACT, check_workload, outcome
+
+    out: dict[str, tuple[str, str]] = {}
+    for entry in project.workloads:
+        echo(f"harness init: measuring {entry.name} ({entry.model}): harness check on {project.devices} logical "
+             f"CPU devices, methods {', '.join(project.methods)}")
+        result = check_workload(project, entry.name)
+        rows = [r for r in result.rows if not r.get("baseline")]
+        if not rows or any(outcome(r) == "FAIL" for r in rows):
+            echo(f"harness init: {entry.name}: not measured as expected, its test will fail until this is fixed "
+                 f"(or expect set by hand):\n{result.message}")
+            out[entry.name] = ('"exact"', "expected exact; harness init measured no outcome to expect (see its "
+                                          "output): " + ("FAIL" if rows else "no verdict"))
+            continue
+        pins, said = {}, []
+        for row in rows:
+            got = outcome(row)
+            deviation = row.get("max_deviation")
+            if got == EXACT and deviation is not None and deviation > entry.tol / 2:
+                got = AS_ACCURATE
+                said.append(f"{row['method']} exact at {deviation:.2g}, within 2 x of tol {entry.tol:g}: expected "
+                            "as accurate, which exact also meets")
+            elif got == AS_ACCURATE:
+                said.append(f"{row['method']} as accurate at {deviation:.2g}")
+            elif got == EXACT:
+                said.append(f"{row['method']} exact at {deviation:.2g}")
+            else:
+                said.append(f"{row['method']} refused ({got})")
+            pins[row["method"]] = got
+        if len(set(pins.values())) == 1:
+            value = json.dumps(next(iter(pins.values())))
+        else:
+            value = "{ " + ", ".join(f"{m} = {json.dumps(o)}" for m, o in pins.items()) + " }"
+        out[entry.name] = (value, "measured by harness init: " + "; ".join(said))
+        echo(f"harness init: {entry.name}: expect = {value} ({'; '.join(said)})")
+    return out
 
 
 def _setting_lines(args) -> list[str]:
@@ -265,6 +318,8 @@ def render(root: Path, args) -> tuple[dict[str, str], str | None]:
 
     config = root / "harness.toml"
     kept = read_toml_text(config.read_text(), config) if config.is_file() else {}
+    if args.reusable is not None:
+        adopt.parse_reusable(args.reusable)  # a bad value: one line, before anything runs
     if not args.model:
         if not kept:
             raise InvalidValue(f"harness init: --model names a workload (no harness.toml in {root} to re-render "
@@ -291,6 +346,10 @@ def render(root: Path, args) -> tuple[dict[str, str], str | None]:
                                "NAME=REF names one)")
         _settings(root, args, kept)
         text = config_text(models, data, args)
+        if getattr(args, "measure", False):  # the generated test's own check, once, before anything is written
+            expects = measure(parse_config(read_toml_text(text, config), config),
+                              echo=lambda line: print(line, file=sys.stderr))
+            text = config_text(models, data, args, expects)
     project = parse_config(read_toml_text(text, config), config)
     entries = adopt.matrix_entries(project.matrix)
     package = _package_name(root)
@@ -392,6 +451,8 @@ def run(args) -> int:
     if args.devices is not None and args.devices < 1:
         raise InvalidValue(f"--devices must be at least 1; got {args.devices}")
     bases = _read_bases(root)
+    if args.dry_run:
+        args.measure = False  # a preview: nothing runs
     files, tox_gpu = render(root, args)
     plan, conflicts, kept = _plan(root, files, tox_gpu, bases, args.force)
     if args.dry_run:

@@ -1,14 +1,15 @@
 """The pytest file ``harness init`` writes, run as an adopter runs it, on real models and real ``harness check``
-processes: it passes on a good model, names a Dropout model's random layers instead of failing blind, and fails
-on a batch-dependent layer and on an exact workload that slipped to "as accurate" (mixed precision turned on),
-saying which method, the verdict against what was expected and the command to rerun. The workload that expects
-"as accurate" holds the same model, and one with its own train_step expects mirrored's refusal by its id. 25 s on
-2 cores (six workloads, each checked in its own process): extended.
+processes. ``harness init`` measures what each workload expects (the generated test's own check, once): exact for a
+good model and for a Dropout model (judged with its randomness off, the random layers named), "as accurate" for a
+model in mixed precision, mirrored's refusal by its id for a model with its own train_step, and nothing for a
+batch-dependent layer (a FAIL is never expected: it says so). Then the generated test passes on those, fails on
+the batch-dependent layer and on an exact workload that slipped to "as accurate" (mixed precision turned on after
+init), saying which method, the verdict against what was expected and the command to rerun. About a minute on 2
+cores (six workloads, each checked in its own process, twice): extended.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -62,12 +63,13 @@ def own_step():
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
     return model
 '''
-# mixed precision turned on for the whole module, as a team turns it on: the workload's float16 arithmetic rounds
-# the split batch otherwise than the whole one (as accurate as one device, not exact)
+# mixed precision for the whole module, as a team turns it on: float16 arithmetic rounds the split batch otherwise
+# than the whole one (as accurate as one device, not exact). POLICY is float32 in slip.py at first.
 _MIXED = '''
 import keras
 
-keras.mixed_precision.set_dtype_policy("mixed_float16")
+POLICY = "mixed_float16"
+keras.mixed_precision.set_dtype_policy(POLICY)
 
 
 def build():
@@ -87,42 +89,44 @@ def _cases(report: Path) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_path):
+def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_path, capsys):
+    from harness.project import read_toml
+
     repo = tmp_path / "adopter"
     repo.mkdir()
     (repo / "models.py").write_text(_MODELS)
     (repo / "mixed.py").write_text(_MIXED)
+    (repo / "slip.py").write_text(_MIXED.replace('"mixed_float16"', '"float32"'))
     argv = ["init", str(repo), "--model", "good=models:good", "--model", "noisy=models:noisy", "--model",
-            "centred=models:centred", "--model", "slipped=mixed:build", "--model", "mixed=mixed:build",
-            "--model", "own_step=models:own_step",
-            "--methods", "mirrored", "towers", "--ratios", "3", "2", "--harness-requirement", "keras-harness",
-            "--branch", "main"]
-    assert main(argv) == 0
-    config = repo / "harness.toml"
-    text = config.read_text()
-    head, tail = text.split("[workloads.mixed]")
-    tail = tail.replace('expect = "exact"', 'expect = "as accurate"', 1)
-    head_own, tail_own = tail.split("[workloads.own_step]")
-    config.write_text(head + "[workloads.mixed]" + head_own + "[workloads.own_step]"
-                      + tail_own.replace('expect = "exact"', 'expect = { mirrored = "custom-train-step" }', 1))
+            "centred=models:centred", "--model", "slip=slip:build", "--model", "mixed=mixed:build",
+            "--model", "own_step=models:own_step", "--methods", "mirrored", "towers", "--ratios", "3", "2",
+            "--harness-requirement", "keras-harness", "--branch", "main"]
+    assert main(argv) == 0  # measures each workload (check_workload: the repository's root on the path)
+    said_init = capsys.readouterr().err
+    expects = {name: table["expect"] for name, table in
+               read_toml(repo / "harness.toml")["workloads"].items()}
+    assert expects == {"good": "exact", "noisy": "exact", "centred": "exact", "slip": "exact",
+                       "mixed": "as accurate", "own_step": {"mirrored": "custom-train-step", "towers": "exact"}}, \
+        said_init
+    assert "centred: not measured as expected, its test will fail" in said_init, said_init  # no FAIL expected
+    # after init: mixed precision turned on in slip.py
+    (repo / "slip.py").write_text(_MIXED)
     report = tmp_path / "generated.xml"
-    env = {**os.environ, "PYTHONPATH": str(repo)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
                            "tests/test_harness_equivalence.py", "--junitxml", str(report)],
-                          cwd=repo, capture_output=True, text=True, timeout=900, env=env)
+                          cwd=repo, capture_output=True, text=True, timeout=900)
     said = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     assert done.returncode == 1, said
     cases = {name.split("[")[1].rstrip("]"): result for name, result in _cases(report).items()}
-    assert set(cases) == {"good", "noisy", "centred", "slipped", "mixed", "own_step"}, said
+    assert set(cases) == set(expects), said
     assert cases["good"][0] and cases["mixed"][0], said
     assert cases["own_step"][0], said  # towers exact, mirrored refused by the id the workload expects
-    # Dropout and GaussianNoise draw per device: judged with them off, and named
-    assert cases["noisy"][0], said
+    assert cases["noisy"][0], said  # Dropout and GaussianNoise draw per device: judged with them off, and named
     # the batch-dependent layer: FAIL for both methods, with what was expected and the command to rerun
     passed, failure = cases["centred"]
     assert not passed and "mirrored: FAIL" in failure and "towers: FAIL" in failure, said
     assert "expected 'exact'" in failure and "rerun: harness check --model models:centred" in failure, said
     # an exact workload that slipped to as accurate: fails, naming the verdict and what was expected
-    passed, failure = cases["slipped"]
+    passed, failure = cases["slip"]
     assert not passed and "as accurate as one device" in failure and "-- expected 'exact'" in failure, said
     assert "did NOT come out as expected" in failure, said

@@ -75,7 +75,7 @@ def generated_paths() -> set[str]:
     from harness.cli.init import render
 
     args = _parser().parse_args(["init", "--model", "pkg.models:build", "--harness-requirement", "keras-harness",
-                                 "--branch", "main"])
+                                 "--branch", "main", "--no-measure"])
     files, _ = render(ROOT, args)
     return {*files, "tox.ini"}
 

@@ -11,7 +11,7 @@ import pytest
 from harness.cli import main
 from harness.project import load_project
 
-MODEL = ["--model", "digits.model:build"]
+MODEL = ["--model", "digits.model:build", "--no-measure"]  # the references are made up
 
 
 def _files(root) -> dict[str, str]:
@@ -104,7 +104,8 @@ def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, argv, said
 
 def test_init_imports_no_tensorflow(tmp_path):
     code = ("import sys; from harness.cli import main; "
-            f"main(['init', {str(tmp_path)!r}, '--model', 'digits.model:build']); print('tensorflow' in sys.modules)")
+            f"main(['init', {str(tmp_path)!r}, '--model', 'digits.model:build', '--no-measure']); "
+            "print('tensorflow' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().endswith("False")
 
@@ -183,7 +184,8 @@ def test_the_default_requirement_is_this_harness_said_where_it_came_from(tmp_pat
 
 
 def test_with_one_model_an_unnamed_data_is_its(tmp_path):
-    assert main(["init", str(tmp_path), "--model", "text=nlp/text.py:make", "--data", "nlp/data.py:batches"]) == 0
+    assert main(["init", str(tmp_path), "--model", "text=nlp/text.py:make", "--data", "nlp/data.py:batches",
+                 "--no-measure"]) == 0
     assert load_project(tmp_path).workload("text").data == "nlp/data.py:batches"
 
 
