@@ -97,10 +97,14 @@ def test_a_repository_adopts_harness(tmp_path, emulation):
     mixing = commit(repo, {"digits/model.py": model_source(filters=256, centre=True)},
                     "centre the dense features over the batch")
 
-    # harness init: every file, and nothing overwritten the second time without --force.
+    # harness init on the base: every file, the workload's expectation measured there (the convnet comes out as
+    # accurate as one device over the check's epoch, 1.2e-6), and an edit kept the second time.
+    git(repo, "checkout", "-q", base)
     init = ("init", "--model", "digits.model:build", "--ratios", "3", "2", "--batch-size", "64")
     done = run_harness(repo, *init)
     assert done.returncode == 0, _said(done)
+    assert 'expect = "as accurate"  # measured by harness init: mirrored as accurate at' in \
+        (repo / "harness.toml").read_text(), _said(done)
     for path in ("harness.toml", "tests/test_harness_equivalence.py", "asv.conf.json", "benchmarks/harness_suites.py",
                  "tox.ini", ".github/workflows/harness-ci.yml", ".github/workflows/harness-bench.yml"):
         assert (repo / path).is_file(), path
