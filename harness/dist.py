@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "Installed", "installed", "default_requirement"]
+__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "Installed", "installed", "default_requirement", "git"]
 
 DISTRIBUTION = "keras-harness"
 UNKNOWN_VERSION = "0+unknown"  # harness.__version__ of a source tree no distribution describes
@@ -79,7 +79,7 @@ def installed() -> Installed:
         version = metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         version = UNKNOWN_VERSION
-    commit = _commit_of_version(version, _PACKAGE.parent) or _git(["rev-parse", "--verify", "HEAD"], _PACKAGE.parent)
+    commit = _commit_of_version(version, _PACKAGE.parent) or git(["rev-parse", "--verify", "HEAD"], _PACKAGE.parent)
     return Installed(version, is_release(version), commit, None, "source")
 
 
@@ -123,17 +123,17 @@ def default_requirement(info: Installed | None = None) -> tuple[str, str]:
 
 def _checkout_requirement(info: Installed) -> tuple[str, str]:
     where = (_path_of(info.url) if info.url else None) or _PACKAGE.parent
-    top = _git(["rev-parse", "--show-toplevel"], where)
-    head = _git(["rev-parse", "--verify", "HEAD"], where) if top else None
+    top = git(["rev-parse", "--show-toplevel"], where)
+    head = git(["rev-parse", "--verify", "HEAD"], where) if top else None
     if top is None or head is None:
         return (f"{DISTRIBUTION} @ {where.as_uri()}",
                 f"harness {info.version} from {where}, which is not a git checkout with a commit: "
                 "only this machine can install it (not a release)")
-    origin = _network_url(_git(["remote", "get-url", "origin"], where))
+    origin = _network_url(git(["remote", "get-url", "origin"], where))
     url = f"git+{origin}" if origin else f"git+{Path(top).as_uri()}"
     sub = Path(where).resolve().relative_to(Path(top).resolve()).as_posix()
     fragment = "" if sub == "." else f"#subdirectory={sub}"
-    dirty = bool(_git(["status", "--porcelain", "--untracked-files=no"], where))
+    dirty = bool(git(["status", "--porcelain", "--untracked-files=no"], where))
     reason = (f"not a release: harness {info.version} runs from the checkout {top} ({info.how}), pinned to its "
               f"HEAD {head[:12]}" + (" (its uncommitted changes are not in it)" if dirty else "")
               + ("; push it to origin" if origin else "; a file URL, which only this machine can reach"))
@@ -196,9 +196,9 @@ def _commit_of_version(version: str, source: Path | None) -> str | None:
     local = version.partition("+")[2]
     node = _SCM_NODE.fullmatch(local.split(".")[0]) if local else None
     if node:
-        return _git(["rev-parse", "--verify", "--quiet", f"{node.group(1)}^{{commit}}"], source)
+        return git(["rev-parse", "--verify", "--quiet", f"{node.group(1)}^{{commit}}"], source)
     if is_release(version):
-        return _git(["rev-parse", "--verify", "--quiet", f"refs/tags/v{version}^{{commit}}"], source)
+        return git(["rev-parse", "--verify", "--quiet", f"refs/tags/v{version}^{{commit}}"], source)
     return None
 
 
@@ -235,14 +235,14 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def _git(args: list[str], cwd: Path) -> str | None:
-    """``git args`` in ``cwd``: its output, or ``None`` (no git, not a checkout, a failed command)."""
+def git(args: list[str], cwd: Path, timeout: float = _GIT_TIMEOUT_S) -> str | None:
+    """``git args`` in ``cwd``: its output, stripped (``""`` where it printed nothing: ``git status --porcelain`` of
+    a clean tree), or ``None`` (no git, not a checkout, a failed or too slow command)."""
     # GIT_OPTIONAL_LOCKS=0: `git status` takes no index.lock from under someone else's git command.
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
         done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=_GIT_TIMEOUT_S, check=False)
+                              timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    out = done.stdout.strip()
-    return out if done.returncode == 0 and out else None
+    return done.stdout.strip() if done.returncode == 0 else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -99,15 +98,10 @@ def _harness() -> dict[str, Any]:
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
-    """``git args`` output in ``cwd``, or ``None`` (no git, not a repository, too slow)."""
-    # GIT_OPTIONAL_LOCKS=0: `git status` must not take index.lock from under a concurrent git command.
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
-    try:
-        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=_GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    """``git args`` output in ``cwd``, or ``None`` (no git, not a repository, too slow): ``harness.dist.git``."""
+    from harness.dist import git
+
+    return git(args, cwd, timeout=_GIT_TIMEOUT_S)
 
 
 def _tensorflow(import_tf: bool, notes: list[str]) -> dict[str, Any]:

@@ -267,24 +267,22 @@ def _settings(root: Path, args, kept: dict) -> None:
     """Sets ``args.harness_requirement``/``branch`` (and why each): the option, else harness.toml's, else the
     default (``harness.dist.default_requirement``, ``default_branch``)."""
     from harness.ci.adopt import requirement_with
+    from harness.dist import default_requirement
 
-    if args.harness_requirement:
-        args.requirement_why = "--harness-requirement"
-    elif kept.get("harness-requirement"):
-        args.harness_requirement = kept["harness-requirement"]
-        args.requirement_why = _said_why(root, "harness-requirement", "how CI installs harness: ")
-    else:
-        from harness.dist import default_requirement
+    def chosen(given, flag: str, key: str, lead: str, default) -> tuple[str, str]:
+        if given:
+            return given, flag
+        if kept.get(key):
+            return kept[key], _said_why(root, key, lead)
+        return default()
 
-        args.harness_requirement, args.requirement_why = default_requirement()
+    args.harness_requirement, args.requirement_why = chosen(
+        args.harness_requirement, "--harness-requirement", "harness-requirement", "how CI installs harness: ",
+        default_requirement)
     requirement_with(args.harness_requirement, ())  # a bad one: one line naming it (InvalidValue)
-    if args.branch:
-        args.branch_why = "--branch"
-    elif kept.get("branch"):
-        args.branch = kept["branch"]
-        args.branch_why = _said_why(root, "branch", "the branch the workflows test and benchmark: ")
-    else:
-        args.branch, args.branch_why = default_branch(root)
+    args.branch, args.branch_why = chosen(args.branch, "--branch", "branch",
+                                          "the branch the workflows test and benchmark: ",
+                                          lambda: default_branch(root))
     if not _BRANCH.match(args.branch):
         raise InvalidValue(f"--branch must be a git branch name of letters, digits, '.', '_', '/', '-'; "
                            f"got {args.branch!r}")
