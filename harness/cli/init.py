@@ -364,7 +364,7 @@ def render(root: Path, args) -> tuple[dict[str, str], str | None]:
     return files, gpu
 
 
-def _merge(current: str, base: str, new: str, root: Path) -> str | None:
+def _merge(current: str, base: str, new: str) -> str | None:
     """``current`` (the adopter's edit of ``base``) with ``base`` -> ``new`` applied, by git's three-way merge; None
     where they overlap (or git is missing)."""
     import tempfile
@@ -394,16 +394,15 @@ def _plan(root: Path, files: dict[str, str], tox_gpu: str | None, bases: dict[st
             plan.append((rel, "write", text))
         elif current == text:
             plan.append((rel, "unchanged", text))
-        elif force or current is None:
-            (conflicts if not force else []).append(rel)
+        elif force:
             plan.append((rel, "replace", text))
-        elif rel not in bases:  # not harness init's: yours
+        elif current is None or rel not in bases:  # not a file, or not harness init's: yours
             conflicts.append(rel)
             plan.append((rel, "replace", text))
         elif current == bases[rel]:  # as harness init wrote it: the new template's text
             plan.append((rel, "update", text))
         else:  # edited since harness init wrote it: the template's change merged into your edit, where they do not meet
-            merged = _merge(current, bases[rel], text, root)
+            merged = _merge(current, bases[rel], text)
             if merged == current:
                 plan.append((rel, "unchanged (your edit; its template has not changed)", text))
             elif merged is None:
