@@ -23,6 +23,7 @@ __all__ = [
     "__version__",
     "split_batch",
     "use_logical_devices",
+    "use_jax_cpu_devices",
     "parallelize",
     "multi_gpu_model",
     "compare_training",
@@ -45,6 +46,7 @@ __all__ = [
 
 _LAZY = {
     "use_logical_devices": "harness.devices",
+    "use_jax_cpu_devices": "harness.devices",
     "parallelize": "harness.parallel",
     "multi_gpu_model": "harness.parallel",
     "compare_training": "harness.equivalence",

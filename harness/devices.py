@@ -21,6 +21,7 @@ __all__ = [
     "resolve_devices",
     "is_tf_initialized",
     "gpu_count",
+    "use_jax_cpu_devices",
 ]
 
 # Shares of one card when several processes split it (gpu_memory_limit_mb): all test processes
@@ -310,3 +311,33 @@ def _canonical(device: str | int, gpus: list[str], cpus: list[str]) -> str:
     if not any(p.endswith(f"device:{kind}:{index}") for p in pool):
         raise InvalidValue(f"unknown device {device!r}: this process has {kind} devices {pool}")
     return name
+
+
+def use_jax_cpu_devices(count: int) -> list:
+    """Makes JAX's host platform show ``count`` CPU devices and returns them (Keras 3 on JAX: ``harness.parallelize``
+    over them). Call it before JAX creates its backends (the first ``jax.devices()`` or array): it sets
+    ``jax_num_cpu_devices`` (``XLA_FLAGS=--xla_force_host_platform_device_count`` before JAX 0.4.38).
+
+    Raises:
+        harness.errors.InvalidValue: ``count`` is not a positive int.
+        harness.errors.Failed: JAX already started with another number of CPU devices.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidValue(f"count must be a positive int; got count={count!r}")
+    import sys
+
+    started = "jax" in sys.modules
+    if not started:
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+        os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={count}"])
+    import jax
+
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except (AttributeError, RuntimeError):  # an older JAX (XLA_FLAGS serves), or its backends already started
+        pass
+    devices = jax.devices("cpu")
+    if len(devices) != count:
+        raise Failed(f"JAX already started with {len(devices)} CPU device(s); call use_jax_cpu_devices({count}) "
+                     "before anything creates a JAX array or lists its devices")
+    return list(devices)

@@ -7,7 +7,7 @@ from enum import Enum
 
 from harness.cluster import Cluster
 from harness.emulate import emulator_for
-from harness.errors import InvalidType, InvalidValue
+from harness.errors import InvalidType, InvalidValue, Refused
 from harness.split import validate_ratios
 
 __all__ = ["parallelize", "multi_gpu_model", "Method", "METHODS"]
@@ -28,7 +28,7 @@ def parallelize(
     model,
     devices: int | Sequence[str | int] | Cluster,
     ratios: Sequence[float] | str | None = None,
-    method: str = "mirrored",
+    method: str | None = None,
     sync_batchnorm: bool = True,
     merge_device: str | None = None,
     emulate=None,
@@ -66,8 +66,9 @@ def parallelize(
             busy second. The global batch never changes and every step stays
             exact whatever the split; ``model.ratios`` is the current split.
             Loops of ``train_on_batch`` are not rebalanced.
-        method: ``"mirrored"`` (``tf.distribute.MirroredStrategy``) or
-            ``"towers"`` (one graph, variables on one device).
+        method: ``"mirrored"`` (``tf.distribute.MirroredStrategy``, the default) or
+            ``"towers"`` (one graph, variables on one device). On Keras 3's JAX
+            backend only ``"towers"`` (the default there): ``harness.parallel.onjax``.
         sync_batchnorm: BatchNormalization statistics and moving averages of
             the whole batch, weighted by sample counts (exact). ``False`` keeps
             per-device statistics.
@@ -106,6 +107,8 @@ def parallelize(
     from harness.devices import resolve_devices
     from harness.parallel.adapters import adapter_for
 
+    if method is None:
+        method = "towers" if _on_jax(model) else "mirrored"
     if method not in METHODS:
         raise InvalidValue(f"method must be one of {list(METHODS)}; got method={method!r}")
     if not is_keras2_model(model):  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
@@ -113,6 +116,16 @@ def parallelize(
 
         if not isinstance(model, keras.Model):
             raise InvalidType(f"model must be a keras.Model; got {type(model).__name__}")
+        if keras.backend.backend() == "jax":  # harness.parallel.onjax: no TensorFlow on this path
+            if isinstance(devices, Cluster):
+                raise Refused("jax-cluster", "across workers harness trains on TensorFlow's "
+                                             "MultiWorkerMirroredStrategy; on Keras' JAX backend give local devices")
+            if _is_auto(ratios):
+                raise Refused("jax-auto-ratios", "ratios='auto' (harness.Rebalance) is TensorFlow's; on Keras' JAX "
+                                                 "backend give the ratios (harness tune measures them)")
+            from harness.parallel.onjax import parallelize_jax
+
+            return parallelize_jax(model, devices, ratios, method, sync_batchnorm, merge_device, emulate)
     if not model.built:
         raise InvalidValue(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
@@ -152,6 +165,17 @@ def parallelize(
 
 AUTO_EVERY = 10  # ratios="auto": steps per measurement window
 AUTO_WARMUP = 2  # ... and steps ignored first (tracing) and after each re-split
+
+
+def _on_jax(model) -> bool:
+    """A Keras 3 model while Keras' backend is JAX (without importing Keras for a model of another Keras)."""
+    from harness.compat import is_keras2_model, keras_module_name
+
+    if is_keras2_model(model) or keras_module_name(model) != "keras":
+        return False
+    import keras
+
+    return keras.backend.backend() == "jax"
 
 
 def _refuse_own_steps(model, method: str, across_workers: bool) -> None:

@@ -122,7 +122,10 @@ def test_the_even_split_runs_the_tuned_splits_trace(method):
     # the tuned split, the ratio split where it differs, the even split, the stock baseline
     assert [runs[i][0].split(":")[1].split()[0] for i in (tuned, *others, stock)] == [
         method, *[method] * len(others), "keras"], runs
-    assert len(others) == (2 if verify["ratio"]["batches"] != verify["tuned"]["batches"] else 1), verify["ratio"]
+    # the ratio split runs where it differs from the tuned one and fits the memory ceilings the probe found (on a
+    # loaded host a ceiling can come out below the ratio's slice: then it is named "not run", not run)
+    ratio_ran = verify["ratio"]["batches"] != verify["tuned"]["batches"] and verify["ratio"]["status"] != "not run"
+    assert len(others) == (2 if ratio_ran else 1), verify["ratio"]
     assert runs[tuned + 1][1] > runs[tuned][1]  # the tuned split's run traced the step
     assert all(runs[i + 1][1] == runs[i][1] for i in others), runs  # the ratio and even splits' traced nothing
 

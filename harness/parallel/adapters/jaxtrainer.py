@@ -1,0 +1,34 @@
+"""What the JAX towers (``harness.parallel.onjax``) need from Keras 3's JAX trainer that it keeps private.
+
+The one place the JAX path touches private Keras: the trainer's own metric update (the loss tracker and the compiled
+metrics, as its ``train_step`` and ``test_step`` run it) and the losses a forward pass added, handed to
+``compute_loss`` as Keras' own stateless step hands them. Checked on Keras 3.15 (``keras/src/backend/jax/
+trainer.py``: ``JAXTrainer._update_metrics_variables``, ``Layer._losses_override``); imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["forward_losses", "update_metrics"]
+
+
+def update_metrics(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight):
+    """``(logs, new metrics variables)``: the loss tracker and compiled metrics updated on the whole batch,
+    statelessly, as ``JAXTrainer.train_step`` updates them."""
+    return model._update_metrics_variables(metrics_variables, unscaled_loss, x, y, y_pred, sample_weight)
+
+
+@contextlib.contextmanager
+def forward_losses(model, losses: list) -> Iterator[None]:
+    """Inside the block ``model.losses`` is ``losses`` (where there are any): the losses of the whole batch's
+    forward pass, as ``JAXTrainer.compute_loss_and_updates`` makes them available to ``compute_loss``."""
+    if not losses:
+        yield
+        return
+    model._losses_override = list(losses)
+    try:
+        yield
+    finally:
+        model._losses_override = []
