@@ -121,10 +121,14 @@ def set_random_seed(seed: int) -> None:
     import sys
 
     import numpy as np
-    import tensorflow as tf
 
     random.seed(seed)
     np.random.seed(seed)
+    if on_jax_backend():  # Keras 3 on JAX: no TensorFlow on this path (keras.utils.set_random_seed imports it)
+        _seed_keras3(seed)
+        return
+    import tensorflow as tf
+
     tf.random.set_seed(seed)
     keras = _version("keras")
     if keras and _major_minor(keras) >= (3, 0):
@@ -135,6 +139,33 @@ def set_random_seed(seed: int) -> None:
         module = sys.modules.get(name)
         if module is not None and not str(getattr(module, "__version__", "3")).startswith("3"):
             module.utils.set_random_seed(seed)
+
+
+def on_jax_backend() -> bool:
+    """Whether Keras 3 runs on JAX here (``KERAS_BACKEND=jax`` or keras.json), read without importing TensorFlow: the
+    path of ``harness.parallel.onjax``, on which nothing of harness imports it."""
+    import sys
+
+    keras = sys.modules.get("keras")
+    if keras is not None and hasattr(keras, "backend") and hasattr(keras.backend, "backend"):
+        return bool(keras.backend.backend() == "jax")
+    version = _version("keras")
+    if not version or _major_minor(version) < (3, 0):
+        return False
+    import keras as keras3  # Keras 3 reads its backend from the environment when imported
+
+    return bool(keras3.backend.backend() == "jax")
+
+
+def _seed_keras3(seed: int) -> None:
+    """``keras.utils.set_random_seed`` less its TensorFlow seed: the global seed Keras 3 draws initial weights and
+    unseeded generators from, and its global generator dropped to be made again from it. Private Keras (checked on
+    Keras 3.15: ``keras/src/utils/rng_utils.py``)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    global_state.set_global_attribute("global_random_seed", seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
 
 
 @contextlib.contextmanager
@@ -150,6 +181,11 @@ def releasing_traced_graphs() -> Iterator[None]:
     the block are removed at its end; the models trained there are not differentiated through
     again. A TensorFlow without that registry is left alone.
     """
+    import sys
+
+    if "tensorflow" not in sys.modules:  # nothing traced by TensorFlow (Keras 3 on JAX): nothing to release
+        yield
+        return
     from tensorflow.python.framework import ops  # TF's private registry: checked on TF 2.15 and 2.21
 
     registry = getattr(getattr(ops, "_gradient_registry", None), "_registry", None)
@@ -315,3 +351,27 @@ def _seed_generator_class() -> type | None:
     import keras as keras3
 
     return keras3.random.SeedGenerator
+
+
+def map_structure(fn, data):
+    """``data`` (a leaf, or dicts, lists, tuples and named tuples of them) with ``fn`` applied to each leaf, the
+    structure kept; None stays None. Framework-neutral (``tf.nest``/``keras.tree`` without importing either)."""
+    if data is None:
+        return None
+    if isinstance(data, dict):
+        return type(data)((key, map_structure(fn, value)) for key, value in data.items())
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(map_structure(fn, value) for value in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_structure(fn, value) for value in data)
+    return fn(data)
+
+
+def first_leaf(data):
+    """The first leaf of ``data`` (``map_structure``'s structures; dicts in key order as ``tf.nest`` sorts them)."""
+    while isinstance(data, (dict, list, tuple)):
+        if isinstance(data, dict):
+            data = data[sorted(data)[0]]
+        else:
+            data = data[0]
+    return data

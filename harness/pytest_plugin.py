@@ -12,7 +12,7 @@ started) and ``--time-budget STEP`` ends a run with its wall time against a budg
 
 It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``, ``browser``,
 skips tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``,
-``--run-extended``, ``--run-browser``; a browser test also needs Chromium: ``chromium_path``),
+``--run-extended``, ``--run-timing``, ``--run-browser``; a browser test also needs Chromium: ``chromium_path``),
 and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
 
 Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
@@ -59,8 +59,8 @@ MARKERS = {
                  "GPUs (skipped without a GPU)",
     "slow": "takes more than a few seconds (run with --run-slow)",
     "docker": "builds or runs container images (run with --run-docker)",
-    "timing": "asserts measured speeds of emulated devices; must hold on a busy machine (.ci/run also runs "
-              "these beside two CPU hogs)",
+    "timing": "asserts measured speeds of emulated devices; must hold on a busy machine. Opt-in (--run-timing or "
+              "-m timing): .ci/run's load step runs them beside two CPU hogs, slow.yml with the whole suite",
     "zoo": "model-zoo conformance beyond the fast subset: every architecture x method x split (--run-zoo or -m zoo)",
     "extended": "the deeper half of the suite, kept out of the quick loop (the optimizer axis' fast subset, asv suite "
                 "runs, the gate's repeated measurements, every zoo entry's build): .ci/run runs it "
@@ -131,6 +131,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("harness")
     group.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
     group.addoption("--run-docker", action="store_true", default=False, help="run tests marked docker")
+    group.addoption("--run-timing", action="store_true", default=False,
+                    help="run the tests marked timing (speeds of emulated devices; also selected by -m timing)")
     group.addoption("--run-extended", action="store_true", default=False,
                     help="run the extended tests too (marked extended; also selected by -m extended)")
     group.addoption("--run-zoo", action="store_true", default=False,
@@ -271,6 +273,8 @@ def pytest_collection_modifyitems(config, items):
         "docker": None if config.getoption("--run-docker") else "docker: run with --run-docker",
         "zoo": None if config.getoption("--run-zoo") or "zoo" in (config.getoption("markexpr") or "")
         else "whole model zoo: run with --run-zoo or -m zoo",
+        "timing": None if config.getoption("--run-timing") or "timing" in (config.getoption("markexpr") or "")
+        else "timing: run with --run-timing or -m timing",
         "extended": None if config.getoption("--run-extended") or "extended" in (config.getoption("markexpr") or "")
         else "extended: run with --run-extended or -m extended",
         "browser": "browser: run with --run-browser" if not config.getoption("--run-browser")

@@ -29,6 +29,8 @@ SOURCES = {
     "nvml": "GPU: util, memory, power, temperature and clock from NVML at 10 Hz; samples/s = batch x steps / "
             "window seconds (not measured per GPU)",
     "share": "logical CPU, no per-device measurement: samples/s = batch x steps / window seconds",
+    "jax share": "JAX device, no per-device measurement: its share of the total, samples/s = rows per step x steps "
+                 "/ window seconds (harness.bench.jaxbench)",
     "emulated, modelled link": "emulated device on an emulated link: as emulated, and its transfers are the link "
                                "model's sleeps (latency + bytes / bandwidth; with the overlap, the forward pass taken "
                                "as a third of the compute, an assumption): its figures are modelled, not measured",

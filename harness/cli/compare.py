@@ -27,6 +27,12 @@ Examples:
     harness compare --gpus 0 1 --batch 1388          # your GPUs
     harness compare --model gru_stack --emulate 1000,500,250 --batch 700
     harness compare --workers 2 --emulate 2000,1000 --batch 300
+    harness compare --backend jax --logical-cpus 3 --batch 300   # Keras 3 on 3 JAX CPU devices
+
+``--backend jax`` runs Keras 3 on JAX devices (``--logical-cpus N`` JAX CPU devices, or ``--gpus``), no
+TensorFlow in the process: each device alone, the whole batch on the first, the even and the ratio
+split with towers. The stock rows and the tuned split are TensorFlow's and are left out (a note says
+so); ``--emulate``, ``--workers``, ``--methods mirrored`` and ``--overlap`` are refused.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from pathlib import Path
 
 from harness.bench.console import Output
 from harness.cli import options
-from harness.errors import InvalidValue
+from harness.errors import InvalidValue, Refused
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["add_parser", "run"]
@@ -49,6 +55,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("compare", help="single vs even vs ratio split, towers vs mirrored, in one run",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_common(p, seconds=1.5, windows=3)
+    options.add_backend(p)
     p.add_argument("--batch", type=int, help=f"global batch size (default {options.BATCH_PER_DEVICE} per device)")
     p.add_argument("--ratios", nargs="+", type=options.ratio, metavar="R",
                    help="ratio split to compare (default: the devices' measured single-device samples/s)")
@@ -92,6 +99,8 @@ def _short(device: str) -> str:
 
 
 def run(args) -> int:
+    if getattr(args, "backend", "tensorflow") == "jax":
+        return _compare_jax(args)
     if args.workers is not None or args.devices_per_worker is not None:
         return _compare_cluster(args)
     from harness.bench.runner import RunConfig
@@ -165,6 +174,98 @@ def run(args) -> int:
                                        emulate=emulate, **dict(common, overlap=overlap))
                     measure(f"{name} {method}" + ("" if overlap or len(overlaps) == 1 else " no overlap"), config,
                             total)
+
+    out.guard(work)
+    return _report(args, out, rows, setup)
+
+
+_JAX_REFUSALS = (
+    ("methods", lambda v: v is not None and "mirrored" in v and list(v) != list(PARALLEL_METHODS),
+     "--methods mirrored: TensorFlow's MirroredStrategy; on --backend jax harness splits with towers"),
+    ("overlap", lambda v: v is not None,
+     "--overlap: copying the next slice beside the step is harness' TensorFlow staging; on --backend jax each "
+     "slice is copied inside its step"),
+)
+
+
+def _compare_jax(args) -> int:
+    """``harness compare --backend jax``: each device alone, the whole batch on the first, even and ratio towers,
+    on JAX devices (``harness.bench.jaxbench``); no stock rows, no tuned split (TensorFlow's: a note says so)."""
+    from harness.bench import jaxbench
+    from harness.bench.runner import RunConfig
+    from harness.bench.tuning.splits import split_batches
+
+    options.refuse_on_jax(args, options.JAX_REFUSALS + _JAX_REFUSALS)
+    jaxbench.select_backend()
+    jaxbench.check_workload(args.model, args.data)
+    options.check_common(args)
+    if args.batch is not None and args.batch < 1:
+        raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
+    if args.ratios is not None and args.logical_cpus is not None and len(args.ratios) != args.logical_cpus:
+        raise InvalidValue(f"--ratios needs one ratio per device ({args.logical_cpus}); got {len(args.ratios)}: "
+                           f"{' '.join(f'{r:g}' for r in args.ratios)}")
+    setup = options.setup_jax_devices(args)
+    n = len(setup.devices)
+    if args.ratios is not None and len(args.ratios) != n:
+        raise InvalidValue(f"--ratios needs one ratio per device ({n}: {', '.join(setup.devices)}); got "
+                           f"{len(args.ratios)}: {' '.join(f'{r:g}' for r in args.ratios)}")
+    size = options.default_size(args, setup)
+    batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
+    if batch < n:
+        raise InvalidValue(f"--batch must be at least the device count ({n}); got {batch}")
+    common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
+                  input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data, overlap=False)
+    share = max(1, batch // n)
+    singles = [(f"{device} alone", RunConfig(args.model, size, "single", (device,), (share,), **common))
+               for device in setup.devices]
+    out = Output(args, "compare", {"model": args.model, "size": size, "devices": list(setup.devices), "batch": batch,
+                                   "device_kind": setup.kind, "emulate": None, "backend": "jax"},
+                 environment=jaxbench.environment())
+    out.record["backend"] = "jax"
+    out.say(f"{args.model} ({size}) on {n} JAX {setup.kind} device(s), global batch {batch}; {args.windows} "
+            f"windows of {args.seconds:g} s per configuration")
+    if setup.note:
+        out.say(setup.note)
+    left_out = []
+    if not args.no_stock:
+        left_out.append("the stock rows (Keras fit under TensorFlow's MirroredStrategy)")
+    if not args.no_tune:
+        left_out.append("the tuned split (harness tune profiles devices on TensorFlow)")
+    if list(args.methods) == list(PARALLEL_METHODS):
+        left_out.append("mirrored (TensorFlow's MirroredStrategy)")
+    if left_out:
+        out.record["left_out"] = left_out
+        out.say("on --backend jax, left out: " + "; ".join(left_out))
+    out.record["overlap"] = "off"
+    rows = out.record.setdefault("rows", [])
+    total = n + 1 + 2 * (n > 1)
+
+    def measure(label, config):
+        out.say(f"\n[{len(rows) + 1}/{total}] {label}: {config.method}, batches {list(config.batches)} on "
+                f"{', '.join(config.devices)}")
+        try:
+            result = jaxbench.execute(config, out, prefix="  ", compact=True)
+        except Refused as err:  # a model this path cannot split (jax-batchnorm, ...): that row's result
+            result = {"config": jaxbench.config_json(config), "status": "refused", "windows": [], "summary": None,
+                      "input": None, "error": str(err)}
+            out.say(f"  refused: {err}")
+        rows.append({"label": label, **result})
+        out.save()
+        return result
+
+    def work():
+        solo = [measure(label, config) for label, config in singles]
+        first = setup.devices[0]
+        measure(f"{first} whole", RunConfig(args.model, size, "single", (first,), (batch,), **common))
+        ratios, source = _ratio_split(args, solo)
+        out.record["ratio_source"] = source
+        if n > 1:
+            for kind in ("even", "ratio"):
+                split = split_batches(kind, batch, n, ratios=ratios)
+                used = [i for i, b in enumerate(split) if b > 0]
+                measure(f"{kind} towers", RunConfig(args.model, size, "towers" if len(used) > 1 else "single",
+                                                    tuple(setup.devices[i] for i in used),
+                                                    tuple(split[i] for i in used), **common))
 
     out.guard(work)
     return _report(args, out, rows, setup)
@@ -494,5 +595,10 @@ def _plot(args, out, rows, setup) -> Path | None:
     config = out.record["config"]
     title = f"{config['model']} ({config['size']}), global batch {config['batch']}"
     footnote = "emulated devices: " + ", ".join(str(e) for e in setup.emulate) if setup.emulate else setup.kind
+    if out.record.get("backend") == "jax":
+        import os
+
+        footnote = f"Keras on JAX: {setup.kind} devices" + (
+            f" of one {os.cpu_count()}-core host (shares of its cores)" if setup.kind != "GPU" else "")
     return bar_chart(labels, [_median(r) for r in rows], path, title=title, notes=notes, errors=spreads,
                      footnote=footnote)

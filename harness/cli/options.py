@@ -17,12 +17,13 @@ from harness.bench import workloads
 from harness.emulate import EmulatedDevice, inter_op_threads, parse_emulate
 from harness.errors import InvalidValue
 
-__all__ = ["SEED_000_EMULATE", "DeviceSetup", "add_common", "setup_devices", "check_common", "default_size",
-           "expected_device_count", "chart"]
+__all__ = ["SEED_000_EMULATE", "BACKENDS", "DeviceSetup", "add_common", "add_backend", "setup_devices",
+           "setup_jax_devices", "refuse_on_jax", "check_common", "default_size", "expected_device_count", "chart"]
 
 # Seed 000: a GTX 1080 Ti alone at 1345 samples/s, a GTX 1080 at 875; the 1080 ran out of memory at 710.
 SEED_000_EMULATE = "1345:1100,875:700"
 BATCH_PER_DEVICE = 694  # two devices: 1388 samples, seed 000's best global batch (820 + 568)
+BACKENDS = ("tensorflow", "jax")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,45 @@ def add_common(p, *, seconds: float, windows: int) -> None:
                    help="where the JSON record goes (default $HARNESS_RESULTS_DIR or ~/.cache/harness/results)")
     p.add_argument("--no-save", action="store_true", help="do not write a result record")
     p.add_argument("--json", action="store_true", help="print the result record as JSON instead of tables")
+
+
+def add_backend(p) -> None:
+    """Adds ``--backend {tensorflow,jax}`` (``harness run`` and ``harness compare``)."""
+    p.add_argument("--backend", choices=BACKENDS, default="tensorflow",
+                   help="tensorflow (default), or jax: Keras 3 on JAX devices (harness.bench.jaxbench; "
+                        "--logical-cpus N JAX CPU devices, or --gpus); emulated devices, --workers, mirrored, "
+                        "the stock baseline, --rebalance and the tuner are TensorFlow's")
+
+
+def refuse_on_jax(args, refusals) -> None:
+    """With ``--backend jax``: raises ``InvalidValue`` (exit 2, one line) for the first option of ``refusals`` that
+    is set: ``(attribute, is_set(value), message)``, the message naming the option and why."""
+    for attribute, is_set, message in refusals:
+        if is_set(getattr(args, attribute, None)):
+            raise InvalidValue(message)
+
+
+#: the options ``harness run`` and ``harness compare`` refuse with ``--backend jax``: (attribute, set?, why)
+JAX_REFUSALS = (
+    ("emulate", lambda v: v is not None,
+     "--emulate: emulated devices are TensorFlow's; on --backend jax devices run at their own speed"),
+    ("workers", lambda v: v is not None,
+     "--workers: harness across workers joins TensorFlow's collectives (harness.use_cluster); --backend jax runs "
+     "in one process"),
+    ("devices_per_worker", lambda v: v is not None,
+     "--devices-per-worker: harness across workers joins TensorFlow's collectives; --backend jax runs in one "
+     "process"),
+)
+
+
+def setup_jax_devices(args) -> DeviceSetup:
+    """``--backend jax``: Keras on JAX (``KERAS_BACKEND=jax``, refused where Keras already runs on another backend),
+    then JAX's devices from ``--logical-cpus N`` or ``--devices``/``--gpus`` (``harness.bench.jaxbench``)."""
+    from harness.bench import jaxbench
+
+    jaxbench.select_backend()
+    found = jaxbench.setup_devices(logical_cpus=args.logical_cpus, devices=args.devices)
+    return DeviceSetup(found.devices, None, found.kind, found.note)
 
 
 def check_common(args) -> None:

@@ -20,6 +20,12 @@ Examples:
     harness run --workers 2 --devices-per-worker 1 2 --emulate 1000,500,500 --ratios 2 1 1
     harness run --model models/text.py:build --logical-cpus 2 --batch 256
                                                   # your own model (docs/user-models.md)
+    harness run --backend jax --logical-cpus 3 --ratios 5 3 2 --batch 300
+                                                  # Keras 3 on JAX: 3 JAX CPU devices, towers
+
+With --backend jax, Keras runs on JAX (KERAS_BACKEND=jax, no TensorFlow in the process) on JAX CPU
+devices (--logical-cpus N) or GPUs (--gpus); each device's samples/s is its share of the total.
+--emulate, --workers, --method mirrored and keras, --rebalance and --throttle are TensorFlow's.
 
 Across workers (--workers N), harness launches N local workers of one loopback cluster
 (harness launch); each runs this command in worker mode, joins the cluster with
@@ -54,6 +60,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("run", help="samples/s of one workload on your devices, per window",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_common(p, seconds=5.0, windows=3)
+    options.add_backend(p)
     p.add_argument("--method", choices=METHODS,
                    help="default: towers on several devices, single on one; keras: the stock baseline (Keras fit "
                         "alone, or under a stock MirroredStrategy with an even split)")
@@ -171,6 +178,8 @@ def run(args) -> int:
 
     if os.environ.get(WORKER_VARIABLE):
         return _worker(os.environ[WORKER_VARIABLE])
+    if getattr(args, "backend", "tensorflow") == "jax":
+        return run_jax(args)
     if args.workers is not None or args.devices_per_worker is not None:
         return run_cluster(args)
     _precheck(args)
@@ -188,6 +197,48 @@ def run(args) -> int:
         out.say("; ".join([f"rebalancing every {config.rebalance_every} steps"] * bool(config.rebalance_every)
                           + [f"device {i} to {rate:g} samples/s at step {step}" for i, rate, step in config.throttle]))
     result = out.guard(lambda: execute(config, setup, out))
+    return _finish(args, out, result, setup)
+
+
+#: what ``harness run --backend jax`` refuses besides the shared options (``options.JAX_REFUSALS``)
+_JAX_REFUSALS = (
+    ("method", lambda v: v == "mirrored",
+     "--method mirrored: TensorFlow's MirroredStrategy; on --backend jax harness splits with towers (the default)"),
+    ("method", lambda v: v == "keras",
+     "--method keras: the stock baseline is Keras fit under TensorFlow's MirroredStrategy; on --backend jax give "
+     "--method towers or single"),
+    ("rebalance", lambda v: v is not None,
+     "--rebalance: re-splitting while training is TensorFlow's (harness.Rebalance); on --backend jax give --ratios "
+     "or --batches"),
+    ("throttle", bool,
+     "--throttle: it changes an emulated device's rate, and emulated devices are TensorFlow's"),
+)
+
+
+def run_jax(args) -> int:
+    """``harness run --backend jax``: Keras 3 on JAX devices (``harness.bench.jaxbench``), no TensorFlow."""
+    from harness.bench import jaxbench
+    from harness.bench.runner import RunConfig
+
+    options.refuse_on_jax(args, options.JAX_REFUSALS + _JAX_REFUSALS)
+    jaxbench.select_backend()  # before anything (a model of the user's) imports Keras
+    jaxbench.check_workload(args.model, args.data)
+    options.check_common(args)
+    setup = options.setup_jax_devices(args)
+    _precheck(args, len(setup.devices))
+    method = args.method or ("towers" if len(setup.devices) > 1 else "single")
+    spec = dict(_spec_options(args), overlap=False)  # on JAX each slice is copied inside its step
+    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
+                       _batches(args, setup.devices), **spec)
+    out = Output(args, "run", {"run": jaxbench.config_json(config), "device_kind": setup.kind, "backend": "jax"},
+                 environment=jaxbench.environment())
+    out.record["backend"] = "jax"
+    out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} JAX device(s) "
+            f"{', '.join(config.devices)}, batch {config.batch} = {list(config.batches)}; {config.windows} windows "
+            f"of {config.seconds:g} s")
+    if setup.note:
+        out.say(setup.note)
+    result = out.guard(lambda: jaxbench.execute(config, out))
     return _finish(args, out, result, setup)
 
 

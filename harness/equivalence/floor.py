@@ -56,6 +56,10 @@ def sub_batch_steps(model, ratios: Sequence[float]) -> str | None:
     ``ratios`` gives: its call's backward pass runs once per sub-batch. Keras' own training step does the rest
     (loss, loss scaling, the optimizer, the metrics). None, or why this model cannot (its own training step:
     what it calls is its own)."""
+    from harness.compat import is_keras2_model, on_jax_backend
+
+    if not is_keras2_model(model) and on_jax_backend():
+        return "Keras 3 on JAX (the sub-batch order is built on TensorFlow's tapes; the row orders measure the floor)"
     from harness.parallel.adapters import adapter_for
 
     adapter = adapter_for(model)

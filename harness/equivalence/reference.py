@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.compat import new_optimizer
+from harness.compat import map_structure, new_optimizer, on_jax_backend
 from harness.equivalence.floor import FLOOR_ORDERS, batch_order, sub_batch_steps
 from harness.equivalence.report import (
     LOSS_RESOLUTION,
@@ -210,6 +210,12 @@ def _float64_policy(keras, keras2: bool) -> Iterator[None]:
     else:
         policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
         set_policy, set_floatx = keras.config.set_dtype_policy, keras.config.set_floatx
+    x64 = None
+    if not keras2 and on_jax_backend():  # JAX keeps 64-bit types off unless asked: float64 would be float32
+        import jax
+
+        x64 = bool(jax.config.read("jax_enable_x64"))
+        jax.config.update("jax_enable_x64", True)
     try:
         set_floatx("float64")
         set_policy("float64")
@@ -217,29 +223,25 @@ def _float64_policy(keras, keras2: bool) -> Iterator[None]:
     finally:
         set_floatx(floatx)
         set_policy(policy)
+        if x64 is not None:
+            import jax
+
+            jax.config.update("jax_enable_x64", x64)
 
 
 def _rows(data, order: np.ndarray):
     """``data`` (None, an array, or a nested structure of arrays) with its samples taken in ``order``."""
-    if data is None:
-        return None
-    import tensorflow as tf
-
-    return tf.nest.map_structure(lambda leaf: np.asarray(leaf)[order], data)
+    return map_structure(lambda leaf: np.asarray(leaf)[order], data)
 
 
 def _as_float64(data):
     """``data`` with its float arrays (float16, bfloat16, float32) cast to float64; other leaves as they are."""
-    if data is None:
-        return None
-    import tensorflow as tf
-
     def cast(leaf):
         if _dtype_name(getattr(leaf, "dtype", None)) in _LOW_FLOATS:
             return np.asarray(leaf).astype(np.float64)
         return leaf
 
-    return tf.nest.map_structure(cast, data)
+    return map_structure(cast, data)
 
 
 def _float64_loss(loss, keras, keras2: bool):
@@ -314,16 +316,16 @@ def _make_float64(model, keras2: bool) -> None:
 
 def _build_float64(build_model, initial_weights, keras, keras2: bool):
     """``build_model()`` under the float64 policy, checked to be float64 throughout, with ``initial_weights``."""
-    with _float64_policy(keras, keras2):
+    with _float64_policy(keras, keras2):  # (JAX: its float64 arrays exist inside it only)
         model = build_model()
-    _make_float64(model, keras2)
-    weights = model.get_weights()
-    if not _same_shapes(weights, initial_weights):
-        raise InvalidValue(
-            f"build_model() built a float64 model whose weights differ from the float32 model's: "
-            f"{[np.shape(w) for w in weights]} vs {[np.shape(w) for w in initial_weights]}"
-        )
-    model.set_weights(_float64_weights(initial_weights))
+        _make_float64(model, keras2)
+        weights = model.get_weights()
+        if not _same_shapes(weights, initial_weights):
+            raise InvalidValue(
+                f"build_model() built a float64 model whose weights differ from the float32 model's: "
+                f"{[np.shape(w) for w in weights]} vs {[np.shape(w) for w in initial_weights]}"
+            )
+        model.set_weights(_float64_weights(initial_weights))
     return model
 
 

@@ -154,6 +154,12 @@ def _slots_built(model):
     """``model`` with its optimizer's slots created: the arithmetic of a stock ``fit`` is the same, its tracing
     half. tf_keras creates them in the first trace of the train step, and the variables created there make
     TF trace it again (Keras 3 builds them before; a no-op there)."""
+    from harness.compat import is_keras2_model, on_jax_backend
+
+    if not is_keras2_model(model) and on_jax_backend():  # Keras 3 on JAX: no adapter (they are TensorFlow's)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        return model
     from harness.parallel.adapters import adapter_for
 
     adapter_for(model).build_optimizer(model.optimizer, model.trainable_variables)

@@ -162,7 +162,14 @@ def _compare(build_model, x, y, n: int, kept: dict, options: dict, *, reference:
              skip_within: float | None, keep: bool) -> EquivalenceReport:
     """``compare_training`` of checked arguments (``options``: its keyword arguments but these); ``kept``: its
     ``single_runs`` (``keep``: the caller's, serving later calls) or a dict of this call's."""
-    from harness.compat import is_keras2_model, keras_module_of, random_layers, randomness_off, set_random_seed
+    from harness.compat import (
+        is_keras2_model,
+        keras_module_of,
+        on_jax_backend,
+        random_layers,
+        randomness_off,
+        set_random_seed,
+    )
 
     devices, ratios, method = options["devices"], options["ratios"], options["method"]
     sync_batchnorm, batch_size, callbacks = options["sync_batchnorm"], options["batch_size"], options["callbacks"]
@@ -174,7 +181,9 @@ def _compare(build_model, x, y, n: int, kept: dict, options: dict, *, reference:
         # starts where every other run of the comparison does, whatever build_model() drew this time.
         single.set_weights(initial_weights)
     # A parallel model of harness's own is kept for later calls over these devices (its trace too).
-    shared = None if callable(method) or not keep else (method, tuple(devices), bool(sync_batchnorm))
+    # (Not on JAX: a kept model's optimizer state is restored from a TensorFlow checkpoint.)
+    shared = None if callable(method) or not keep or on_jax_backend() else (method, tuple(devices),
+                                                                            bool(sync_batchnorm))
     wrap = _wrapper(method, sync_batchnorm)
     key = shared and ("parallel", *shared)
     traced = _Traced.take(kept, key, initial_weights, ratios)
@@ -244,9 +253,9 @@ def _check_arguments(batch_size, epochs, reference, randomness) -> None:
 
 
 def _length(data) -> int:
-    import tensorflow as tf  # tf.nest: the same on Keras 2 and 3
+    from harness.compat import first_leaf
 
-    return len(tf.nest.flatten(data)[0])
+    return len(first_leaf(data))
 
 
 def _wrapper(method, sync_batchnorm: bool) -> Callable[[Any, Any, Any], Any]:

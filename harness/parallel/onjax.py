@@ -20,7 +20,7 @@ that updates other state in training (``jax-stateful-layer``), a model with its 
 ``jit_compile=True`` (a whole-step program would run on one device: ``jax-jit-compile``). Random layers draw on
 every device from the same seed state: equal in distribution, not in value (``harness.compat.random_layers``).
 
-Nothing here imports TensorFlow (import-linter's "JAX path" contract).
+Nothing here imports TensorFlow: tests/jax/ run it with any attempt to import it failing the test.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +36,7 @@ import keras
 from keras import tree
 
 from harness.errors import InvalidType, InvalidValue, NotSupported, Refused
-from harness.parallel.adapters.jaxtrainer import forward_losses, update_metrics
+from harness.parallel.adapters.jaxtrainer import forward_losses, get_mask, set_mask, update_metrics
 from harness.split import split_batch, validate_ratios
 
 __all__ = ["JaxTowers", "is_jax_model", "parallelize_jax", "resolve_jax_devices", "device_name"]
@@ -168,7 +168,7 @@ class JaxTowers(keras.Model):
             self.output_names = list(names)
         self._core_model = template  # tracked: its variables are this model's
         self._seed_ids = _seed_states(template)
-        self._merged_losses: list | None = None
+        self._assigned: dict[bool, tuple[int, ...]] = {}
         self._forward = jax.jit(self._stateless_forward, static_argnames=("training",))
         self._merged = jax.jit(self._merged_loss, static_argnames=("training",))
         self._apply = None
@@ -204,12 +204,6 @@ class JaxTowers(keras.Model):
         self._apply = None
         return super().compile(*args, jit_compile=False, **kwargs)
 
-    @property
-    def losses(self):
-        if self._merged_losses is not None:
-            return list(self._merged_losses)
-        return super().losses
-
     def sync_to_template(self) -> None:
         """The template holds the trained weights already (its variables are this model's)."""
 
@@ -230,7 +224,8 @@ class JaxTowers(keras.Model):
     # -- the pieces of a step, each one XLA program on one device -----------------------------
     def _stateless_forward(self, trainable, non_trainable, x, training: bool):
         """The template on ``x`` with these variable values: ``(outputs, losses it added, non-trainable values
-        after it, the indices of the non-trainable variables it assigned)``."""
+        after it, the Keras mask of each output leaf or None)``; the indices of the non-trainable variables it
+        assigned go to ``_assigned`` (``_check_state``)."""
         mapping = list(zip(self.trainable_variables, trainable)) + list(zip(self.non_trainable_variables,
                                                                             non_trainable))
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
@@ -241,20 +236,21 @@ class JaxTowers(keras.Model):
             if new is not None:
                 changed.append(i)
             after.append(value if new is None else new)
-        self._assigned = tuple(changed)  # at trace time: the same for every call of this trace
-        return y, list(scope.losses), after
+        self._assigned[training] = tuple(changed)  # at trace time: the same for every call of this trace
+        return y, list(scope.losses), after, [get_mask(leaf) for leaf in tree.flatten(y)]
 
     def _merged_loss(self, trainable, outputs, losses, shares, non_trainable, metrics_variables, optimizer_variables,
-                     x, y, sample_weight, training: bool = True):
+                     x, y, sample_weight, masks, training: bool = True):
         """The scaled loss of the whole batch from each device's outputs and losses (their rows in device order),
-        with ``(unscaled loss, merged outputs, metrics variables after it)``: Keras' ``stateless_compute_loss`` (a
-        compiled loss per output updates its metrics) and the optimizer's ``scale_loss``."""
-        y_pred = tree.map_structure(lambda *parts: jnp.concatenate(parts, axis=0), *outputs)
+        with ``(unscaled loss, merged outputs, metrics variables after it, the merged outputs' masks)``: Keras'
+        ``stateless_compute_loss`` (a compiled loss per output updates its metrics) and the optimizer's
+        ``scale_loss``."""
+        y_pred, merged_masks = _merge(outputs, masks)
         combined = []
         for j in range(len(losses[0]) if losses else 0):
             total = None
             for share, device_losses in zip(shares, losses):
-                term = share.astype(device_losses[j].dtype) * device_losses[j]
+                term = share * device_losses[j]
                 total = term if total is None else total + term
             combined.append(total)
         with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, trainable))):
@@ -267,7 +263,7 @@ class JaxTowers(keras.Model):
         if training and self.optimizer is not None:
             with keras.StatelessScope(state_mapping=list(zip(self.optimizer.variables, optimizer_variables))):
                 loss = self.optimizer.scale_loss(loss)
-        return loss, (unscaled, y_pred, metrics_variables)
+        return loss, (unscaled, y_pred, metrics_variables, merged_masks)
 
     # -- the steps ------------------------------------------------------------------------------
     def _slices(self, x) -> list[tuple[Any, int, int]]:
@@ -281,8 +277,9 @@ class JaxTowers(keras.Model):
             start += size
         return out
 
-    def _check_state(self) -> None:
-        other = [self.non_trainable_variables[i].path for i in getattr(self, "_assigned", ())
+    def _check_state(self, training: bool) -> None:
+        """Refuses a model whose forward pass assigned other state than its seed generators' (by name)."""
+        other = [self.non_trainable_variables[i].path for i in self._assigned.get(training, ())
                  if id(self.non_trainable_variables[i]) not in self._seed_ids]
         if other:
             raise Refused("jax-stateful-layer",
@@ -298,70 +295,68 @@ class JaxTowers(keras.Model):
             t_i, n_i = jax.device_put(trainable, device), jax.device_put(non_trainable, device)
             if differentiate:
                 def forward(t, n_i=n_i, x_i=x_i):
-                    y_i, losses_i, after_i = self._forward(t, n_i, x_i, training=True)
-                    return (y_i, losses_i), after_i
+                    y_i, losses_i, after_i, masks_i = self._forward(t, n_i, x_i, training=True)
+                    return (y_i, losses_i), (after_i, masks_i)
 
-                (y_i, losses_i), vjp_i, after_i = jax.vjp(forward, t_i, has_aux=True)
+                (y_i, losses_i), vjp_i, (after_i, masks_i) = jax.vjp(forward, t_i, has_aux=True)
             else:
-                y_i, losses_i, after_i = self._forward(t_i, n_i, x_i, training=training)
+                y_i, losses_i, after_i, masks_i = self._forward(t_i, n_i, x_i, training=training)
                 vjp_i = None
-            parts.append((device, stop - start, y_i, losses_i, after_i, vjp_i))
-        self._check_state()
+            parts.append(_Part(device, stop - start, y_i, losses_i, after_i, vjp_i, masks_i))
+        self._check_state(training)
         return parts
 
     def _on_merge(self, value):
         return jax.device_put(value, self._merge_ref.value)
 
+    def _gathered(self, parts: list[_Part]):
+        """The devices' sizes as shares of the batch (weakly typed: each loss's own precision), outputs, losses and
+        masks, on the merge device."""
+        n = sum(p.size for p in parts)
+        return ([p.size / n for p in parts], [self._on_merge(p.outputs) for p in parts],
+                [self._on_merge(p.losses) for p in parts], [self._on_merge(p.masks) for p in parts])
+
     def train_step(self, state, data):
         from keras.utils import unpack_x_y_sample_weight
 
         trainable, non_trainable, optimizer_variables, metrics_variables = (self._on_merge(s) for s in state)
-        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        x, y, sample_weight = (self._on_merge(d) for d in unpack_x_y_sample_weight(data))
         parts = self._run_devices((trainable, non_trainable), x, training=True, differentiate=True)
-        n = sum(size for _, size, *_ in parts)
-        shares = [jnp.asarray(size, jnp.float32) / jnp.asarray(n, jnp.float32) for _, size, *_ in parts]
-        outputs = [self._on_merge(y_i) for _, _, y_i, *_ in parts]
-        losses = [self._on_merge(losses_i) for _, _, _, losses_i, *_ in parts]
-        y, sample_weight = self._on_merge(y), self._on_merge(sample_weight)
-        x_merge = self._on_merge(x)
+        shares, outputs, losses, masks = self._gathered(parts)
 
         def merged(t, outs, ls):
-            return self._merged(t, outs, ls, shares, non_trainable, metrics_variables, optimizer_variables, x_merge,
-                                y, sample_weight)
+            return self._merged(t, outs, ls, shares, non_trainable, metrics_variables, optimizer_variables, x, y,
+                                sample_weight, masks)
 
-        loss, vjp_merge, (unscaled, y_pred, metrics_variables) = jax.vjp(merged, trainable, outputs, losses,
-                                                                         has_aux=True)
+        loss, vjp_merge, (unscaled, y_pred, metrics_variables, merged_masks) = jax.vjp(
+            merged, trainable, outputs, losses, has_aux=True)
         own_grads, output_cts, loss_cts = vjp_merge(jnp.ones_like(loss))
         grads = None
-        for (device, _, _, _, _, vjp_i), out_ct, loss_ct in zip(parts, output_cts, loss_cts):
-            (g_i,) = vjp_i(jax.device_put((out_ct, loss_ct), device))
+        for part, out_ct, loss_ct in zip(parts, output_cts, loss_cts):
+            (g_i,) = part.vjp(jax.device_put((out_ct, loss_ct), part.device))
             g_i = self._on_merge(g_i)
-            grads = g_i if grads is None else _add(grads, g_i)
-        grads = _add(grads, own_grads)
-        new_non_trainable = self._on_merge(parts[0][4])  # the seed states: each device advanced them alike
+            grads = g_i if grads is None else _add(grads, g_i)  # in device order
+        grads = _add(grads, own_grads)  # the weights' regularisers last
+        new_non_trainable = self._on_merge(parts[0].after)  # the seed states: each device advanced them alike
         if self._apply is None:
             self._apply = jax.jit(self.optimizer.stateless_apply)
         trainable, optimizer_variables = self._apply(optimizer_variables, grads, trainable)
-        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x_merge, y, y_pred,
-                                                 sample_weight)
+        _attach(y_pred, merged_masks)
+        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
         return logs, (trainable, new_non_trainable, optimizer_variables, metrics_variables)
 
     def test_step(self, state, data):
         from keras.utils import unpack_x_y_sample_weight
 
         trainable, non_trainable, metrics_variables = (self._on_merge(s) for s in state)
-        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        x, y, sample_weight = (self._on_merge(d) for d in unpack_x_y_sample_weight(data))
         parts = self._run_devices((trainable, non_trainable), x, training=False, differentiate=False)
-        n = sum(size for _, size, *_ in parts)
-        shares = [jnp.asarray(size, jnp.float32) / jnp.asarray(n, jnp.float32) for _, size, *_ in parts]
-        outputs = [self._on_merge(y_i) for _, _, y_i, *_ in parts]
-        losses = [self._on_merge(losses_i) for _, _, _, losses_i, *_ in parts]
-        y, sample_weight, x_merge = self._on_merge(y), self._on_merge(sample_weight), self._on_merge(x)
-        _, (unscaled, y_pred, metrics_variables) = self._merged(
-            trainable, outputs, losses, shares, non_trainable, metrics_variables, [], x_merge, y, sample_weight,
+        shares, outputs, losses, masks = self._gathered(parts)
+        _, (unscaled, y_pred, metrics_variables, merged_masks) = self._merged(
+            trainable, outputs, losses, shares, non_trainable, metrics_variables, [], x, y, sample_weight, masks,
             training=False)
-        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x_merge, y, y_pred,
-                                                 sample_weight)
+        _attach(y_pred, merged_masks)
+        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
         return logs, (trainable, non_trainable, metrics_variables)
 
     def predict_step(self, state, data):
@@ -369,10 +364,39 @@ class JaxTowers(keras.Model):
 
         trainable, non_trainable = (self._on_merge(s) for s in state)
         x, _, _ = unpack_x_y_sample_weight(data)
-        parts = self._run_devices((trainable, non_trainable), x, training=False, differentiate=False)
-        outputs = [self._on_merge(y_i) for _, _, y_i, *_ in parts]
-        y_pred = tree.map_structure(lambda *p: jnp.concatenate(p, axis=0), *outputs)
+        parts = self._run_devices((trainable, non_trainable), self._on_merge(x), training=False, differentiate=False)
+        y_pred, _ = _merge([self._on_merge(p.outputs) for p in parts], [self._on_merge(p.masks) for p in parts])
         return y_pred, non_trainable
+
+
+class _Part(NamedTuple):
+    """One device's part of a step."""
+
+    device: Any
+    size: int  # its rows
+    outputs: Any
+    losses: list  # the losses its forward pass added (per-row means of its rows)
+    after: list  # the non-trainable values after its forward pass
+    vjp: Any  # its backward pass (training), else None
+    masks: list  # the Keras mask of each output leaf, or None
+
+
+def _merge(outputs: list, masks: list):
+    """The devices' outputs (and masks, where an output has one) concatenated in device order: ``(outputs, flat
+    list of masks)``, the masks attached to the outputs (a masked loss reads them)."""
+    y = tree.map_structure(lambda *p: jnp.concatenate(p, axis=0), *outputs)
+    merged = []
+    for i, _ in enumerate(tree.flatten(y)):
+        each = [m[i] for m in masks]
+        merged.append(None if any(m is None for m in each) else jnp.concatenate(each, axis=0))
+    _attach(y, merged)
+    return y, merged
+
+
+def _attach(y, masks: list) -> None:
+    for leaf, mask in zip(tree.flatten(y), masks):
+        if mask is not None:
+            set_mask(leaf, mask)
 
 
 @functools.cache

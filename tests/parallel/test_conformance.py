@@ -240,6 +240,7 @@ def test_a_loss_function_that_returns_one_scalar(logical_devices, any_keras, met
     assert report.is_equivalent(1e-6), report.table()
 
 
+@pytest.mark.keras2_extended  # Keras 2's loss scaling quick: test_optimizer_options.py's loss_scaling_steps
 @pytest.mark.parametrize("method", METHODS)
 def test_mixed_float16_keeps_loss_scaling(logical_devices, any_keras, method):
     """The parallel model takes the template's dtype policy, so compile() wraps its optimizer for loss

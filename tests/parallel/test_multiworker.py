@@ -40,16 +40,20 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
 
 @pytest.mark.parametrize("workers, devices, args", [
     (2, None, ["dense", "3:1", "62", "20", "--save", "{tmp}"]),  # last batch 2: one row per worker
-    (2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"]),  # last batch 1: empty devices
+    # last batch 1: empty devices. Extended: the quick loop's 1+2 cluster with an empty device is
+    # test_harness_check_under_harness_launch_checks_across_workers (cnn_bn), its sample weights 2w-keras2-bn.
+    pytest.param(2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"], marks=pytest.mark.extended),
     pytest.param(3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"], marks=pytest.mark.extended),  # last batch 13
     (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
     pytest.param(2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"], marks=pytest.mark.extended),
-    (2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"]),  # the split tuned while it trains
+    # The split tuned while it trains. Extended: quick, test_run_workers.py's re-split of every worker alike.
+    pytest.param(2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"], marks=pytest.mark.extended),
     # Optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
     pytest.param(2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"],
                  marks=pytest.mark.extended),
-    (2, None, ["dense", "3:1", "62", "20", "--optimizer",
-               "SGD(0.1, clipvalue=0.01, use_ema=True, ema_overwrite_frequency=3, gradient_accumulation_steps=2)"]),
+    # Extended: quick, the options over one process's devices (test_optimizer_options.py) and 2w-dense-3:1's cluster.
+    pytest.param(2, None, ["dense", "3:1", "62", "20", "--optimizer", "SGD(0.1, clipvalue=0.01, use_ema=True, "
+                           "ema_overwrite_frequency=3, gradient_accumulation_steps=2)"], marks=pytest.mark.extended),
     pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"],
                  marks=pytest.mark.extended),  # sparse rows
     # Keras 2's sparse rows across workers: extended; the quick loop keeps Keras 2's cluster (bn above) and its

@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 ELSEWHERE = {"gpu": ("gpu.yml", "--require-gpu"), "multi_gpu": ("gpu.yml", '-m "zoo and multi_gpu"'),
              "zoo": ("slow.yml", "--run-zoo")}
 # How .ci/run selects each other marker's tests: a pytest flag, or a command of its own.
-SELECTS = {"slow": "--run-slow", "extended": "--run-extended", "timing": "-m timing", "docker": "harness docker test"}
+SELECTS = {"slow": "--run-slow", "extended": "--run-extended", "timing": "--run-timing",
+           "docker": "harness docker test"}
 
 
 def _readme_test_command() -> str:

@@ -170,6 +170,7 @@ def test_the_allowlist_does_not_excuse_what_dev_env_installs(reason, tmp_path):
     "docker: run with --run-docker",
     "whole model zoo: run with --run-zoo or -m zoo",
     "extended: run with --run-extended or -m extended",
+    "timing: run with --run-timing or -m timing",
     "needs a GPU; this machine has none",
     "needs a GPU (one GPU is split into logical GPUs); this machine has none",
     "split 5:3:2 needs 3 GPU devices; gpu_devices has 2: ['/device:GPU:0', '/device:GPU:1']",
@@ -221,7 +222,7 @@ def test_the_plugin_reasons_for_marker_gated_tests_are_the_allowlisted_ones():
     plugin = (REPO / "harness" / "pytest_plugin.py").read_text()
     for reason in ("slow: run with --run-slow", "docker: run with --run-docker",
                    "whole model zoo: run with --run-zoo or -m zoo", "extended: run with --run-extended or -m extended",
-                   "needs a GPU; this machine has none"):
+                   "timing: run with --run-timing or -m timing", "needs a GPU; this machine has none"):
         assert f'"{reason}"' in plugin, reason
 
 

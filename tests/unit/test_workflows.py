@@ -143,8 +143,8 @@ def scheduled_matrix_problems(text: str) -> list[str]:
     envs = job.get("strategy", {}).get("matrix", {}).get("env", [])
     problems = [f"the matrix entry {e.name} has no scheduled run" for e in load_matrix() if e.name not in envs]
     runs = " ".join(str(step.get("run", "")) for step in job.get("steps", []))
-    problems += [f"the matrix job's runs lack {flag}" for flag in ("--run-extended", "--skip-report", "check-skips")
-                 if flag not in runs]
+    problems += [f"the matrix job's runs lack {flag}"
+                 for flag in ("--run-extended", "--run-timing", "--skip-report", "check-skips") if flag not in runs]
     table = " ".join(str(step.get("run", "")) for step in workflow["jobs"].get("compatibility", {}).get("steps", []))
     if "harness matrix --from-junit" not in table:
         problems.append("no compatibility table is written from the matrix job's JUnit files")

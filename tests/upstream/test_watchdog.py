@@ -50,6 +50,7 @@ print("finished", flush=True)
 """
 
 
+@pytest.mark.keras2_extended  # quick: this test's keras3 run (the watchdog is harness' own, alike for each Keras)
 def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout(any_keras):
     # A Keras 3 model, then a Keras 2 one (the plugin's any_keras fixture), each in its own process.
     module = any_keras.__name__

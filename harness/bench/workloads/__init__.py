@@ -141,7 +141,12 @@ class Workload:
         k = _keras(keras_module)
         python_state, numpy_state = random.getstate(), np.random.get_state()
         try:
-            k.utils.set_random_seed(int(seed))
+            if k.__name__ == "keras" and k.backend.backend() == "jax":
+                from harness.compat import set_random_seed  # Keras' own would import TensorFlow (its tf seed)
+
+                set_random_seed(int(seed))
+            else:
+                k.utils.set_random_seed(int(seed))
             return self._impl().build(size, k)
         finally:
             random.setstate(python_state)

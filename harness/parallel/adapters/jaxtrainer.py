@@ -3,7 +3,8 @@
 The one place the JAX path touches private Keras: the trainer's own metric update (the loss tracker and the compiled
 metrics, as its ``train_step`` and ``test_step`` run it) and the losses a forward pass added, handed to
 ``compute_loss`` as Keras' own stateless step hands them. Checked on Keras 3.15 (``keras/src/backend/jax/
-trainer.py``: ``JAXTrainer._update_metrics_variables``, ``Layer._losses_override``); imports no TensorFlow.
+trainer.py``: ``JAXTrainer._update_metrics_variables``, ``Layer._losses_override``; ``keras/src/backend/common/
+masking.py``: the masks Keras keeps beside a JAX array, which its losses and metrics read); imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -11,7 +12,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-__all__ = ["forward_losses", "update_metrics"]
+__all__ = ["forward_losses", "get_mask", "set_mask", "update_metrics"]
+
+
+def get_mask(x):
+    """The Keras mask of ``x`` (a ``Masking`` layer's, carried to the outputs), or None."""
+    from keras.src.backend.common.masking import get_keras_mask
+
+    return get_keras_mask(x)
+
+
+def set_mask(x, mask) -> None:
+    """Gives ``x`` the Keras mask ``mask`` (what a loss and a metric of a masked output read)."""
+    from keras.src.backend.common.masking import set_keras_mask
+
+    set_keras_mask(x, mask)
 
 
 def update_metrics(model, metrics_variables, unscaled_loss, x, y, y_pred, sample_weight):

@@ -1,0 +1,327 @@
+"""Throughput on Keras 3's JAX backend: ``harness run --backend jax`` and ``harness compare --backend jax``.
+
+The route of a TensorFlow run (docs/design.md) without TensorFlow: a built-in workload's model (its builder and its
+NumPy data are framework-neutral) is wrapped by ``harness.parallelize`` on JAX devices (``harness.parallel.onjax``,
+method ``towers``: each batch cut by ratios; one device: the same wrapper on one), fed batches of the workload's
+synthetic pool from memory (a Python generator, no ``tf.data``), and timed by the same window callback
+(``harness.bench.measure.window_callback``: warm-up steps untimed, then windows of at least ``seconds``; a step's
+end is stamped when Keras hands its logs to the host, so it follows the device work). The result has the shape of
+``harness.bench.runner.run_one``'s, so the console, the records (``harness.bench.results``) and ``harness compare``'s
+table and chart take it unchanged; its config says ``"backend": "jax"``.
+
+Per-device figures are shares, as for TensorFlow's logical CPU devices: nothing measures one JAX device's busy
+time here, so each device's samples/s is its rows per step x steps / the window's seconds (source ``jax share``).
+JAX CPU devices of one host share its cores: their figures are overhead, not speed-up.
+
+What needs TensorFlow is refused by name (``harness.errors.Refused``, reason ``jax-workload``): a user's model with
+real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Emulated devices, multi-worker runs, the stock
+baseline, rebalancing and the tuner are TensorFlow's; the CLI refuses or leaves them out.
+
+Nothing here imports TensorFlow, at import or when run (tests/jax/test_bench_jax.py runs it with TensorFlow's import
+blocked); JAX and Keras are imported when a run starts, after ``select_backend`` and the devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.errors import InvalidValue, Refused, Unavailable
+
+__all__ = ["SOURCE", "JaxDevices", "select_backend", "setup_devices", "check_workload", "run_one",
+           "execute", "environment", "config_json"]
+
+#: how a JAX run's per-device figures are made (``harness.bench.runner.SOURCES`` says how, for the console's legend)
+SOURCE = "jax share"
+
+_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
+
+
+@dataclass(frozen=True)
+class JaxDevices:
+    """The devices of a JAX run: names as ``harness.parallel.onjax.device_name`` gives them (``cpu:0``, ``gpu:1``),
+    their kind (``logical CPU``: JAX CPU devices of one host; ``GPU``) and a note for the console."""
+
+    devices: tuple[str, ...]
+    kind: str
+    note: str = ""
+
+
+def select_backend() -> None:
+    """Makes Keras start on JAX: sets ``KERAS_BACKEND=jax`` before Keras is imported.
+
+    Raises:
+        InvalidValue: Keras is already imported in this process with another backend (it reads the variable once).
+    """
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        backend = getattr(getattr(keras, "backend", None), "backend", None)
+        current = backend() if callable(backend) else "unknown"
+        if current != "jax":
+            raise InvalidValue(f"--backend jax: Keras is already imported in this process with the {current} backend; "
+                               "set KERAS_BACKEND=jax before anything imports Keras (or run harness in a new process)")
+        return
+    os.environ["KERAS_BACKEND"] = "jax"
+
+
+def _gpus_possible() -> bool:
+    """Whether JAX may find GPUs here, judged before it starts (the driver's GPUs, ``JAX_PLATFORMS``)."""
+    from harness.devices import gpu_count
+
+    platforms = [p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    return gpu_count() > 0 and (not platforms or any(p in _GPU_PLATFORMS for p in platforms))
+
+
+def _cpu_index(item: str) -> int | None:
+    """``"2"``, ``"cpu:2"``, ``"/device:CPU:2"`` -> 2; a GPU name or anything else -> None."""
+    text = item.strip().lower().removeprefix("/").removeprefix("device:")
+    if text.isdigit():
+        return int(text)
+    if text.startswith("cpu:") and text[4:].isdigit():
+        return int(text[4:])
+    return None
+
+
+def setup_devices(*, logical_cpus: int | None = None, devices: Sequence[str] | None = None) -> JaxDevices:
+    """Starts JAX with the devices the options ask for.
+
+    ``logical_cpus``: that many JAX CPU devices of this host (``harness.use_jax_cpu_devices``, before JAX starts).
+    ``devices``: GPU ids or names (``0 1``, ``gpu:0``); without a GPU (or with ``JAX_PLATFORMS=cpu``) ids and
+    ``cpu:N`` names name JAX CPU devices, as many made as the largest asks. Neither: every GPU JAX sees.
+
+    Raises:
+        InvalidValue: a bad id or name, no GPU and no device option, a GPU asked for where JAX has none.
+    """
+    from harness.devices import use_jax_cpu_devices
+
+    cpu_note = (f"JAX CPU devices of one {os.cpu_count()}-core host share its cores: figures are overhead, not "
+                "speed-up")
+    if logical_cpus is not None:
+        if isinstance(logical_cpus, bool) or not isinstance(logical_cpus, int) or logical_cpus < 1:
+            raise InvalidValue(f"--logical-cpus must be >= 1; got {logical_cpus!r}")
+        return JaxDevices(_names(use_jax_cpu_devices(logical_cpus)), "logical CPU", cpu_note)
+    cpu_ids = [_cpu_index(d) for d in devices or ()]
+    gpus_possible = _gpus_possible()
+    named_cpus = all(i is not None and not d.strip().isdigit() for d, i in zip(devices or (), cpu_ids))
+    if devices and (named_cpus or not gpus_possible):  # ids name CPU devices where JAX has no GPU
+        bad = next((d for d, i in zip(devices, cpu_ids) if i is None), None)
+        if bad is not None:
+            raise InvalidValue(f"--devices {bad}: no GPU for JAX here (JAX_PLATFORMS="
+                               f"{os.environ.get('JAX_PLATFORMS')!r}); give JAX CPU device ids (0 1 ...), names "
+                               "(cpu:0 cpu:1 ...) or --logical-cpus N")
+        ids = [i for i in cpu_ids if i is not None]
+        if len(set(ids)) != len(ids):
+            raise InvalidValue(f"--devices must be distinct; got {' '.join(devices)}")
+        cpus = use_jax_cpu_devices(max(ids) + 1)
+        note = cpu_note if gpus_possible else "no GPU here: device ids name JAX CPU devices; " + cpu_note
+        return JaxDevices(_names([cpus[i] for i in ids]), "logical CPU", note)
+    if not devices and not _gpus_possible():
+        raise InvalidValue("--backend jax without a GPU: give --logical-cpus N (N JAX CPU devices of this host) or "
+                           "--devices with CPU device ids; emulated devices (the default without GPUs) are "
+                           "TensorFlow's")
+    import jax
+
+    from harness.parallel.onjax import resolve_jax_devices
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        gpus = []
+    if not gpus:
+        raise InvalidValue("--backend jax: this JAX has no GPU backend (jax[cuda12] installs one); give "
+                           "--logical-cpus N for JAX CPU devices")
+    chosen = resolve_jax_devices(len(gpus) if not devices else [int(d) if d.strip().isdigit() else d.strip()
+                                                                 for d in devices])
+    return JaxDevices(_names(chosen), "GPU")
+
+
+def _names(devices) -> tuple[str, ...]:
+    from harness.parallel.onjax import device_name
+
+    return tuple(device_name(d) for d in devices)
+
+
+def check_workload(model: str, data: str | None = None):
+    """The workload ``model`` names, if it trains on JAX without TensorFlow.
+
+    Raises:
+        Refused: ``jax-workload``: a user's model with real data (a ``tf.data`` pipeline: ``--data`` or
+            ``Workload.data``).
+        InvalidValue: an unknown workload or a bad reference (``harness.bench.workloads.get``).
+    """
+    from harness.bench import workloads
+
+    if data is not None:
+        raise Refused("jax-workload", f"--data {data}: a model's own data goes through tf.data, which is "
+                                      "TensorFlow's; on --backend jax harness trains on synthetic batches only "
+                                      "(drop --data)")
+    workload = workloads.get(model)
+    if getattr(getattr(workload, "spec", None), "data", None) is not None:
+        raise Refused("jax-workload", f"--model {model}: its Workload.data goes through tf.data, which is "
+                                      "TensorFlow's; on --backend jax give a workload without data (synthetic "
+                                      "batches) or run it on --backend tensorflow")
+    return workload
+
+
+def config_json(config) -> dict:
+    """A ``RunConfig``'s JSON with ``"backend": "jax"``."""
+    return {**config.to_json(), "backend": "jax"}
+
+
+def environment() -> dict:
+    """``harness.bench.environment.fingerprint`` without TensorFlow, with JAX's versions and devices."""
+    from harness.bench.environment import fingerprint
+
+    out = fingerprint(import_tf=False)
+    out["backend"] = "jax"
+    try:
+        import jax
+        import jaxlib
+
+        out["jax"] = {"version": jax.__version__, "jaxlib": getattr(jaxlib, "__version__", None),
+                      "default_backend": jax.default_backend(),
+                      "devices": [str(d) for d in jax.devices()]}
+    except Exception as err:  # noqa: BLE001  a fingerprint never fails: what could not be found is a note
+        out["notes"].append(f"JAX could not be described: {type(err).__name__}: {err}")
+    return out
+
+
+def _batches(workload, config) -> tuple[Iterator[tuple[Any, Any]], Callable[[], Iterator[tuple[Any, Any]]]]:
+    """The training batches (an endless generator over the workload's synthetic pool, ``input_delay_ms`` per batch)
+    and a maker of another such generator (to time the input alone)."""
+    from harness.bench.workloads.pipeline import default_pool_size
+
+    batch = config.batch
+    samples = default_pool_size(workload, config.size, batch)
+    samples -= samples % batch  # whole batches only: every step sees the same batch size
+    x, y = workload.make_data(config.size, samples, seed=config.seed)
+    count = samples // batch
+    pool = [(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(count)]
+    delay = config.input_delay_ms / 1000
+
+    def generate():
+        for item in itertools.cycle(pool):
+            if delay:
+                time.sleep(delay)
+            yield item
+
+    return generate(), generate
+
+
+def _window_record(window, config) -> dict:
+    devices = [{"device": device, "batch": batch, "samples_per_second": batch * window.steps / window.seconds,
+                "source": SOURCE} for device, batch in zip(config.devices, config.batches)]
+    return {"index": window.index, "seconds": window.seconds, "steps": window.steps, "samples": window.samples,
+            "samples_per_second": window.samples_per_second, "devices": devices, "host_bound": []}
+
+
+def _summary(windows: Sequence[dict]) -> dict:
+    from harness.bench.results import summarize
+
+    devices = []
+    for i, first in enumerate(windows[0]["devices"] if windows else []):
+        devices.append({"device": first["device"], "batch": first["batch"], "source": first["source"],
+                        "samples_per_second": summarize([w["devices"][i]["samples_per_second"] for w in windows])})
+    return {"samples_per_second": summarize([w["samples_per_second"] for w in windows]), "devices": devices,
+            "host_bound": []}
+
+
+def _out_of_memory(err: BaseException) -> str | None:
+    """The line of an XLA out-of-memory error, else None."""
+    text = str(err)
+    if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+        return None
+    line = next((line for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line or "memory" in line.lower()),
+                text)
+    return line.strip()[:300]
+
+
+def run_one(config, *, on_window: Callable[[dict], None] | None = None,
+            on_step: Callable[[str | int, int, float], None] | None = None, check_input: bool = True) -> dict:
+    """Trains ``config``'s workload on its JAX devices for its windows (``harness.bench.runner.run_one`` on JAX).
+
+    Args:
+        config: a ``harness.bench.runner.RunConfig`` whose ``devices`` are JAX device names (``cpu:0``, ``gpu:1``;
+            ``setup_devices``), method ``single`` (one device) or ``towers``; its ``batches`` are the split.
+        on_window: called with each finished window's record.
+        on_step: ``harness.bench.measure.window_callback``'s progress hook.
+        check_input: also time the batches alone (``result["input"]``).
+
+    Returns:
+        ``{"config" (with "backend": "jax"), "status" ("complete" | "oom"), "windows", "summary", "input",
+        "error"}``.
+
+    Raises:
+        Refused: a workload or model the JAX path cannot train (``jax-workload``, ``jax-batchnorm``, ...), a method
+            other than single and towers (``jax-method``).
+        Unavailable: Keras does not run on JAX in this process (``select_backend`` came too late).
+    """
+    import keras
+
+    from harness.bench.measure import window_callback
+    from harness.bench.workloads.pipeline import is_starved, measure_input_rate
+    from harness.parallel import parallelize
+
+    if keras.backend.backend() != "jax":
+        raise Unavailable(f"Keras runs on {keras.backend.backend()} in this process; a JAX run needs "
+                          "KERAS_BACKEND=jax before Keras is imported (harness.bench.jaxbench.select_backend)")
+    if config.method not in ("single", "towers"):
+        raise Refused("jax-method", f"method {config.method!r} is TensorFlow's; on Keras' JAX backend harness runs "
+                                    "'towers' (several devices) or 'single' (one)")
+    workload = check_workload(config.model, config.data)
+    template = workload.build(config.size, seed=config.seed)
+    model = parallelize(template, list(config.devices), ratios=list(config.batches), method="towers")
+    model.compile(**workload.compile_args(template))
+    batches, more = _batches(workload, config)
+    result: dict[str, Any] = {"config": config_json(config), "status": "running", "windows": [], "summary": None,
+                              "input": None, "error": None}
+
+    def finished(window):
+        result["windows"].append(_window_record(window, config))
+        if on_window is not None:
+            on_window(result["windows"][-1])
+
+    callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
+                               warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
+    try:
+        model.fit(batches, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[callback], shuffle=False)
+    except Exception as err:
+        line = _out_of_memory(err)
+        if line is None:
+            raise
+        result.update(status="oom", error=line)
+        return result
+    result["status"] = "complete"
+    result["summary"] = _summary(result["windows"])
+    if not check_input:
+        return result
+    rate = measure_input_rate(more(), config.batch, seconds=min(0.5, config.seconds))
+    train = result["summary"]["samples_per_second"]["median"]
+    result["input"] = {"samples_per_second": rate.samples_per_second,
+                       "starved": bool(train and is_starved(rate.samples_per_second, train))}
+    return result
+
+
+def execute(config, out, prefix: str = "", compact: bool = False) -> dict:
+    """``run_one`` with progress and the record rewritten after each window (``harness.bench.console.execute`` on
+    JAX): ``out`` is the command's ``harness.bench.console.Output``."""
+    from harness.bench.console import window_text
+
+    partial = out.record.setdefault("partial", [])
+
+    def on_window(window):
+        partial.append(window)
+        out.clear_progress()
+        out.say(window_text(window, config.windows, prefix, compact))
+        out.save()
+
+    try:
+        return run_one(config, on_window=on_window, on_step=out.progress(prefix, config.windows))
+    finally:
+        out.clear_progress()
+        out.record.pop("partial", None)

@@ -1,0 +1,71 @@
+"""JAX processes for the tests of Keras 3 on the JAX backend (``harness.parallel.onjax``).
+
+Each runs as a plain ``python`` child (not tests/tf_zygote.py's forks: those carry TensorFlow), with
+``KERAS_BACKEND=jax``, JAX on the host platform and ``devices`` CPU devices, and a guard that makes any import of
+TensorFlow in it fail the run (``NO_TF``): the JAX path must not need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Put first on sys.path of the child: any import of tensorflow raises and says so on stderr with who tried (a
+# traceback), so that an attempt caught by its caller (Keras' own set_random_seed) fails the test too.
+# Keras' own probe for an optional TensorFlow (``tf.available`` in its saving and seeding code), which takes a failed
+# import as "not installed": Keras' behaviour whatever its backend, not an import by harness.
+ATTEMPT = "HARNESS-TEST: TensorFlow import attempted: "
+KERAS_PROBE = "keras/src/utils/module_utils.py"
+NO_TF = f"""
+import sys
+ATTEMPT, KERAS_PROBE = {ATTEMPT!r}, {KERAS_PROBE!r}
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            import traceback
+            stack = [f for f in traceback.extract_stack() if "importlib" not in f.filename and f.filename != "<string>"]
+            if not stack or not stack[-1].filename.endswith(KERAS_PROBE):
+                sys.stderr.write(ATTEMPT + name + chr(10) + "".join(traceback.format_list(stack[-10:])))
+            raise ImportError("the JAX path imported TensorFlow (" + name + ")")
+        return None
+sys.meta_path.insert(0, _NoTensorFlow())
+"""
+
+
+def jax_env(devices: int = 3, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "XLA_FLAGS")}
+    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
+    return env
+
+
+def run_jax(code: str, devices: int = 3, timeout: float = 600, allow_tf: bool = False,
+            expect_rc: int = 0) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a JAX process (TensorFlow blocked unless ``allow_tf``); fails the test on another exit
+    status than ``expect_rc``."""
+    pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+    done = subprocess.run([sys.executable, "-c", ("" if allow_tf else NO_TF) + code], env=jax_env(devices),
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert done.returncode == expect_rc, done.stderr[-4000:]
+    assert allow_tf or ATTEMPT not in done.stderr, done.stderr[done.stderr.index(ATTEMPT):][:3000]
+    return done
+
+
+def run_jax_json(code: str, devices: int = 3, timeout: float = 600):
+    """``run_jax`` of a script whose last stdout line is JSON; that JSON."""
+    return json.loads(run_jax(code, devices, timeout).stdout.strip().splitlines()[-1])
+
+
+def run_jax_script(path: Path, *args: str, devices: int = 3, timeout: float = 600, expect_rc: int = 0):
+    """``run_jax`` of the script ``path`` with ``args`` (as ``python PATH ARGS...``, TensorFlow blocked); the JSON
+    of its last stdout line."""
+    code = f"import runpy, sys\nsys.argv = {[str(path), *args]!r}\nrunpy.run_path({str(path)!r}, run_name='__main__')\n"
+    done = run_jax(code, devices, timeout, expect_rc=expect_rc)
+    return json.loads(done.stdout.strip().splitlines()[-1])

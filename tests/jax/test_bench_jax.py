@@ -1,0 +1,106 @@
+"""``harness run --backend jax`` and ``harness compare --backend jax`` (harness.bench.jaxbench) on JAX CPU devices.
+
+Each test runs the command in a child with ``jax_env`` (``KERAS_BACKEND=jax``, JAX on the host platform with 3 CPU
+devices) and a guard that records every attempt to import TensorFlow: Keras' own code catches a failed import of it
+(``keras.utils.set_random_seed`` probes ``tf.available``), so the guard prints each attempt on stderr and the test
+fails on any. Small workload, short windows: the whole file takes ~30 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jax_process import ROOT, jax_env  # tests/jax/jax_process.py
+
+pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+
+MARK = "TF-IMPORT-ATTEMPT"
+# Any import of tensorflow raises and is reported on stderr, even where the importer catches the ImportError.
+GUARD = f"""
+import sys
+class _NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow" or name.startswith("tensorflow."):
+            import traceback
+            sys.stderr.write("{MARK} " + name + "\\n" + "".join(traceback.format_stack(limit=8)))
+            raise ImportError("the JAX path imported TensorFlow (" + name + ")")
+        return None
+sys.meta_path.insert(0, _NoTensorFlow())
+import runpy
+sys.argv = ["harness", *sys.argv[1:]]
+runpy.run_module("harness", run_name="__main__", alter_sys=True)
+"""
+FAST = ["--model", "mlp_head10", "--seconds", "0.2", "--windows", "2", "--warmup-steps", "2"]
+
+
+def harness(*args: str, devices: int = 3, timeout: float = 180) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-c", GUARD, *args], env=jax_env(devices), cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+    assert MARK not in done.stderr, done.stderr[-4000:]
+    return done
+
+
+def only_record(directory: Path, kind: str) -> dict:
+    (path,) = directory.glob(f"{kind}-*.json")
+    return json.loads(path.read_text())
+
+
+def test_run_on_three_cpu_devices_by_ratios(tmp_path):
+    done = harness("run", "--backend", "jax", "--logical-cpus", "3", "--ratios", "5", "3", "2", "--batch", "100",
+                   *FAST, "--results-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = only_record(tmp_path, "run")
+    assert record["status"] == "complete" and record["backend"] == "jax"
+    assert record["config"]["backend"] == "jax" and record["result"]["config"]["backend"] == "jax"
+    assert record["result"]["config"]["batches"] == [50, 30, 20]
+    assert record["environment"]["jax"]["default_backend"] == "cpu"
+    summary = record["result"]["summary"]
+    assert summary["samples_per_second"]["median"] > 0
+    devices = summary["devices"]
+    assert [d["device"] for d in devices] == ["cpu:0", "cpu:1", "cpu:2"]
+    assert all(d["source"] == "jax share" and d["samples_per_second"]["median"] > 0 for d in devices)
+    window = record["result"]["windows"][0]  # each device's share: its rows of the window's samples
+    assert sum(d["samples_per_second"] for d in window["devices"]) == pytest.approx(window["samples_per_second"])
+    assert "jax share" in done.stdout and "samples/s" in done.stdout
+
+
+def test_compare_writes_rows_json_and_chart(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib: harness' [bench] extra draws the chart")
+    done = harness("compare", "--backend", "jax", "--logical-cpus", "2", "--batch", "64", "--ratios", "3", "1",
+                   *FAST, "--results-dir", str(tmp_path), devices=2)
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = only_record(tmp_path, "compare")
+    assert record["status"] == "complete" and record["backend"] == "jax"
+    labels = [row["label"] for row in record["rows"]]
+    assert labels == ["cpu:0 alone", "cpu:1 alone", "cpu:0 whole", "even towers", "ratio towers"]
+    assert all(row["status"] == "complete" and row["summary"]["samples_per_second"]["median"] > 0
+               for row in record["rows"])
+    assert record["rows"][-1]["config"]["batches"] == [48, 16]
+    assert any("stock rows" in entry for entry in record["left_out"])
+    assert "left out" in done.stdout and "ratio towers" in done.stdout
+    assert list(tmp_path.glob("compare-*.png")), done.stdout
+
+
+@pytest.mark.parametrize(("command", "option", "words"), [
+    (["run", "--emulate", "1000,500"], "--emulate", "emulated devices are TensorFlow's"),
+    (["run", "--logical-cpus", "2", "--method", "mirrored"], "--method mirrored", "MirroredStrategy"),
+    (["run", "--logical-cpus", "2", "--rebalance", "5"], "--rebalance", "TensorFlow"),
+    (["compare", "--workers", "2"], "--workers", "one process"),
+    (["compare", "--logical-cpus", "2", "--methods", "mirrored"], "--methods mirrored", "towers"),
+])
+def test_tensorflow_only_options_exit_2_naming_them(command, option, words):
+    done = harness(*command[:1], "--backend", "jax", *command[1:], "--no-save")
+    assert done.returncode == 2, done.stderr[-4000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"harness {command[0]}: error: {option}") and words in line, line
+
+
+def test_a_tf_data_workload_is_refused_by_name():
+    done = harness("run", "--backend", "jax", "--logical-cpus", "2", "--model", "harness:use_jax_cpu_devices",
+                   "--data", "harness:use_jax_cpu_devices", "--no-save")
+    assert done.returncode == 2, done.stderr[-4000:]
+    assert "--data" in done.stderr and "tf.data" in done.stderr
