@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, the test tools, asv, the docs site's MkDocs and
-# Playwright (the browser tests drive the system's Chromium with it; .ci/run installs Debian's chromium).
+# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, CPU JAX (Keras 3 on JAX: tests/jax), the test
+# tools, asv, the docs site's MkDocs and Playwright (the browser tests drive the system's Chromium with it; .ci/run
+# installs Debian's chromium).
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,8 @@ python3 -m venv .venv
 stamp=.venv/.harness-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$0" -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[test,lint,bench,docs,browser]" "tensorflow-cpu==2.21.*"
+  .venv/bin/python -m pip install --quiet -e ".[test,lint,bench,docs,browser,jax]" "tensorflow-cpu==2.21.*" \
+    "jax==0.10.2" "jaxlib==0.10.2"
   # tf-keras, so the Keras 2 tests run here too (tf_keras models beside Keras 3, no TF_USE_LEGACY_KERAS).
   # --no-deps: it requires the `tensorflow` distribution, whose CUDA build would land over tensorflow-cpu.
   .venv/bin/python -m pip install --quiet --no-deps "tf-keras==2.21.*"
@@ -31,9 +33,10 @@ def version(name):
         return None
 
 wanted = {"keras": lambda v: v is not None and v.split(".")[0] == "3", "tf-keras": lambda v: v is not None,
-          "asv": lambda v: v is not None, "tensorflow-cpu": lambda v: v is not None}
+          "asv": lambda v: v is not None, "tensorflow-cpu": lambda v: v is not None, "jax": lambda v: v is not None,
+          "jaxlib": lambda v: v is not None}
 broken = [f"{name} ({version(name) or 'missing'})" for name, ok in wanted.items() if not ok(version(name))]
 if broken:
     sys.exit("scripts/dev-env.sh: .venv lacks what the suite needs: " + ", ".join(broken)
-             + " (Keras 3 as keras, tf-keras, asv, tensorflow-cpu); remove .venv and run this again")
+             + " (Keras 3 as keras, tf-keras, asv, tensorflow-cpu, jax); remove .venv and run this again")
 PY

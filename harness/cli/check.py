@@ -36,6 +36,7 @@ Examples:
     harness check --workers 2 --devices-per-worker 1 2 --ratios 3 2 1
     harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1   # the same
     harness check --model models/text.py:build --logical-cpus 2 --ratios 3 2   # your own model
+    harness check --backend jax --logical-cpus 3 --ratios 5 3 2   # Keras 3 on JAX, no TensorFlow
 """
 
 from __future__ import annotations
@@ -99,6 +100,10 @@ def add_parser(subparsers) -> None:
                    help="timed training steps per method, 0 to skip timing (default 20)")
     p.add_argument("--time-batch", type=int, default=256, help="global batch for timing (default 256)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    p.add_argument("--backend", choices=["tensorflow", "jax"], default="tensorflow",
+                   help="tensorflow (default), or jax: Keras 3 on JAX devices without TensorFlow (--logical-cpus N JAX "
+                        "CPU devices, or --devices gpu:0 cpu:0 ...), method towers, judged the same way; step timing, "
+                        "the stock baseline, --workers and --zoo are TensorFlow's (docs/jax.md)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="check across N local worker processes of one loopback cluster (harness launch)")
     p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
@@ -140,6 +145,11 @@ def add_parser(subparsers) -> None:
 def _devices(args) -> list[str]:
     from harness.devices import resolve_devices, use_logical_devices
 
+    if args.backend == "jax":  # Keras 3 on JAX: JAX's devices (harness.bench.jaxbench), no TensorFlow
+        from harness.bench import jaxbench
+
+        return list(jaxbench.setup_devices(logical_cpus=None if args.devices else args.logical_cpus,
+                                           devices=args.devices).devices)
     if args.devices:
         return resolve_devices(args.devices)
     return use_logical_devices(args.logical_cpus)
@@ -151,10 +161,15 @@ def _say(args, text: str) -> None:
 
 
 def run(args) -> int:
+    if args.backend == "jax" and (args.workers is not None or args.devices_per_worker is not None):
+        raise InvalidValue("--workers: harness across workers joins TensorFlow's collectives; --backend jax checks "
+                           "in one process")
     if args.workers is not None or args.devices_per_worker is not None:
         return _launch_workers(args)
     if os.environ.get("TF_CONFIG"):
         return _across_workers(args)
+    if args.backend == "jax":
+        _on_jax(args)
     args.methods = args.methods or list(PARALLEL_METHODS)
     if args.zoo:
         return _zoo(args)
@@ -181,6 +196,23 @@ def run(args) -> int:
               f"{args.tol:g}{_or_rounding(args)}" + (f"; {len(refused)} refused" if refused else "")
               + _randomness_summary(checks))
     return 1 if failed else 0
+
+
+def _on_jax(args) -> None:
+    """``--backend jax``: Keras starts on JAX (refused where it already runs on another backend), method towers
+    (mirrored and the stock baseline are TensorFlow's: refused by name), no step timing."""
+    from harness.bench import jaxbench
+
+    if args.zoo:
+        raise InvalidValue("--zoo: the model zoo runs on TensorFlow; on --backend jax check --models (docs/jax.md)")
+    if args.methods and "keras" in args.methods:
+        raise InvalidValue("--methods keras: the stock baseline is Keras fit under TensorFlow's MirroredStrategy; "
+                           "on --backend jax the methods are towers (mirrored is refused by name)")
+    jaxbench.select_backend()
+    args.methods = args.methods or ["towers"]
+    if args.time_steps:
+        _say(args, "step time: not measured on --backend jax (harness compare --backend jax measures samples/s)")
+        args.time_steps = 0
 
 
 def _randomness_summary(checks: list[dict]) -> str:
@@ -255,6 +287,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
     import keras
 
     from harness.bench import stock, stock_drift
+    from harness.bench.workloads import is_reference as workloads_is_reference
     from harness.bench.workloads.userdata import head
     from harness.equivalence import compare_training
 
@@ -335,7 +368,10 @@ def _equivalence(args, devices, ratios) -> list[dict]:
                        f"{verdict}")
             if not ok:
                 _say(args, report.table(5))
-        if refused and len(refused) == sum(m != "keras" for m in args.methods):
+        # (On JAX the built-in set's BatchNormalization model is refused by name: its row says so, the rest go on.)
+        default_on_jax = args.backend == "jax" and not workloads_is_reference(name) and \
+            list(args.models) == list(EQUIVALENCE_MODELS)
+        if refused and len(refused) == sum(m != "keras" for m in args.methods) and not default_on_jax:
             if not args.json:
                 raise refused[0]  # no method of harness' can train it: one line, exit status 2
             args.unrunnable = getattr(args, "unrunnable", None) or refused[0]  # JSON: the rows first (run)

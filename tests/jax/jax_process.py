@@ -69,3 +69,16 @@ def run_jax_script(path: Path, *args: str, devices: int = 3, timeout: float = 60
     code = f"import runpy, sys\nsys.argv = {[str(path), *args]!r}\nrunpy.run_path({str(path)!r}, run_name='__main__')\n"
     done = run_jax(code, devices, timeout, expect_rc=expect_rc)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_harness_cli(*args: str, devices: int = 3, timeout: float = 300, env: dict | None = None,
+                    cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``harness ARGS`` in a JAX process (TensorFlow blocked, an attempt failing the test); its exit status is the
+    caller's to judge."""
+    pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+    code = NO_TF + ("import runpy\nsys.argv = ['harness', *sys.argv[1:]]\n"
+                    "runpy.run_module('harness', run_name='__main__', alter_sys=True)\n")
+    done = subprocess.run([sys.executable, "-c", code, *args], env={**jax_env(devices), **(env or {})},
+                          cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout)
+    assert ATTEMPT not in done.stderr, done.stderr[done.stderr.index(ATTEMPT):][:3000]
+    return done

@@ -1,47 +1,25 @@
 """``harness run --backend jax`` and ``harness compare --backend jax`` (harness.bench.jaxbench) on JAX CPU devices.
 
-Each test runs the command in a child with ``jax_env`` (``KERAS_BACKEND=jax``, JAX on the host platform with 3 CPU
-devices) and a guard that records every attempt to import TensorFlow: Keras' own code catches a failed import of it
-(``keras.utils.set_random_seed`` probes ``tf.available``), so the guard prints each attempt on stderr and the test
-fails on any. Small workload, short windows: the whole file takes ~30 s on 2 cores.
+Each test runs the command in a JAX process (tests/jax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
+attempt of harness to import TensorFlow failing the test). Small workload, short windows.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from jax_process import ROOT, jax_env  # tests/jax/jax_process.py
+from jax_process import run_harness_cli  # tests/jax/jax_process.py
 
 pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
 
-MARK = "TF-IMPORT-ATTEMPT"
-# Any import of tensorflow raises and is reported on stderr, even where the importer catches the ImportError.
-GUARD = f"""
-import sys
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            import traceback
-            sys.stderr.write("{MARK} " + name + "\\n" + "".join(traceback.format_stack(limit=8)))
-            raise ImportError("the JAX path imported TensorFlow (" + name + ")")
-        return None
-sys.meta_path.insert(0, _NoTensorFlow())
-import runpy
-sys.argv = ["harness", *sys.argv[1:]]
-runpy.run_module("harness", run_name="__main__", alter_sys=True)
-"""
 FAST = ["--model", "mlp_head10", "--seconds", "0.2", "--windows", "2", "--warmup-steps", "2"]
 
 
 def harness(*args: str, devices: int = 3, timeout: float = 180) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-c", GUARD, *args], env=jax_env(devices), cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-    assert MARK not in done.stderr, done.stderr[-4000:]
-    return done
+    return run_harness_cli(*args, devices=devices, timeout=timeout)
 
 
 def only_record(directory: Path, kind: str) -> dict:
@@ -68,6 +46,7 @@ def test_run_on_three_cpu_devices_by_ratios(tmp_path):
     assert "jax share" in done.stdout and "samples/s" in done.stdout
 
 
+@pytest.mark.extended  # 8 s; the quick loop runs harness run --backend jax (the same runner) above
 def test_compare_writes_rows_json_and_chart(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib: harness' [bench] extra draws the chart")
     done = harness("compare", "--backend", "jax", "--logical-cpus", "2", "--batch", "64", "--ratios", "3", "1",

@@ -30,11 +30,14 @@ def test_every_matrix_entry_has_its_tox_env_with_the_same_pins():
         assert tox.has_section(section), f"tox.ini lacks [{section}] for matrix entry {entry.name}"
         assert _deps(tox[section]) == tox_deps(entry), section
         assert tox[section].get("basepython") == f"python{entry.python}", section
-        setenv = dict(line.split("=", 1) for line in tox[section].get("setenv", "").split() if "=" in line)
-        # A Keras 2 env declares it, so that scripts/check-skips allows its Keras 3 skips there and nowhere else.
-        context = setenv.pop("HARNESS_SKIP_CONTEXT", "")
+        setenv = dict(line.strip().split("=", 1) for line in tox[section].get("setenv", "").splitlines() if "=" in line)
+        # A Keras 2 env declares it, so that scripts/check-skips allows its Keras 3 skips there and nowhere else; an env
+        # without the jax extra declares nojax (its tests of Keras 3 on JAX skip there and nowhere else).
+        context = setenv.pop("HARNESS_SKIP_CONTEXT", "").split()
         assert setenv == entry.env, section
-        assert context == ("keras2" if entry.keras_major == 2 else ""), section
+        extras = [e.strip() for e in tox[section].get("extras", tox["testenv"]["extras"]).split(",")]
+        assert sorted(context) == sorted((["keras2"] if entry.keras_major == 2 else [])
+                                         + ([] if "jax" in extras else ["nojax"])), section
 
 
 def test_no_tox_env_pins_tensorflow_outside_the_matrix():
