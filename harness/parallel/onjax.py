@@ -25,7 +25,6 @@ Nothing here imports TensorFlow: tests/jax/ run it with any attempt to import it
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -169,8 +168,13 @@ class JaxTowers(keras.Model):
         self._core_model = template  # tracked: its variables are this model's
         self._seed_ids = _seed_states(template)
         self._assigned: dict[bool, tuple[int, ...]] = {}
+        # Each piece one XLA program on the device its arguments are on (jax.jit places it there).
         self._forward = jax.jit(self._stateless_forward, static_argnames=("training",))
+        self._forward_vjp = jax.jit(self._forward_with_vjp)  # returns the backward pass (its residuals stay put)
+        self._backward = jax.jit(lambda vjp, cotangents: vjp(cotangents)[0])
         self._merged = jax.jit(self._merged_loss, static_argnames=("training",))
+        self._merged_grads = jax.jit(jax.value_and_grad(self._merged_loss, argnums=(0, 1, 2), has_aux=True))
+        self._metric_update = jax.jit(self._update_metrics)
         self._apply = None
 
     # -- what a user sees ---------------------------------------------------------------------
@@ -239,6 +243,20 @@ class JaxTowers(keras.Model):
         self._assigned[training] = tuple(changed)  # at trace time: the same for every call of this trace
         return y, list(scope.losses), after, [get_mask(leaf) for leaf in tree.flatten(y)]
 
+    def _forward_with_vjp(self, trainable, non_trainable, x):
+        """The training forward pass of one device with its backward pass: ``(outputs, losses, non-trainable values
+        after it, masks, vjp)``; ``vjp((output cotangents, loss cotangents))`` gives the gradient."""
+        def forward(t):
+            y, losses, after, masks = self._stateless_forward(t, non_trainable, x, training=True)
+            return (y, losses), (after, masks)
+
+        (y, losses), vjp, (after, masks) = jax.vjp(forward, trainable, has_aux=True)
+        return y, losses, after, masks, vjp
+
+    def _update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight, masks):
+        _attach(y_pred, masks)
+        return update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
+
     def _merged_loss(self, trainable, outputs, losses, shares, non_trainable, metrics_variables, optimizer_variables,
                      x, y, sample_weight, masks, training: bool = True):
         """The scaled loss of the whole batch from each device's outputs and losses (their rows in device order),
@@ -294,11 +312,7 @@ class JaxTowers(keras.Model):
             x_i = jax.device_put(tree.map_structure(lambda a, s=start, e=stop: a[s:e], x), device)
             t_i, n_i = jax.device_put(trainable, device), jax.device_put(non_trainable, device)
             if differentiate:
-                def forward(t, n_i=n_i, x_i=x_i):
-                    y_i, losses_i, after_i, masks_i = self._forward(t, n_i, x_i, training=True)
-                    return (y_i, losses_i), (after_i, masks_i)
-
-                (y_i, losses_i), vjp_i, (after_i, masks_i) = jax.vjp(forward, t_i, has_aux=True)
+                y_i, losses_i, after_i, masks_i, vjp_i = self._forward_vjp(t_i, n_i, x_i)
             else:
                 y_i, losses_i, after_i, masks_i = self._forward(t_i, n_i, x_i, training=training)
                 vjp_i = None
@@ -324,25 +338,17 @@ class JaxTowers(keras.Model):
         parts = self._run_devices((trainable, non_trainable), x, training=True, differentiate=True)
         shares, outputs, losses, masks = self._gathered(parts)
 
-        def merged(t, outs, ls):
-            return self._merged(t, outs, ls, shares, non_trainable, metrics_variables, optimizer_variables, x, y,
-                                sample_weight, masks)
-
-        loss, vjp_merge, (unscaled, y_pred, metrics_variables, merged_masks) = jax.vjp(
-            merged, trainable, outputs, losses, has_aux=True)
-        own_grads, output_cts, loss_cts = vjp_merge(jnp.ones_like(loss))
-        grads = None
-        for part, out_ct, loss_ct in zip(parts, output_cts, loss_cts):
-            (g_i,) = part.vjp(jax.device_put((out_ct, loss_ct), part.device))
-            g_i = self._on_merge(g_i)
-            grads = g_i if grads is None else _add(grads, g_i)  # in device order
-        grads = _add(grads, own_grads)  # the weights' regularisers last
+        (loss, (unscaled, y_pred, metrics_variables, merged_masks)), (own_grads, output_cts, loss_cts) = \
+            self._merged_grads(trainable, outputs, losses, shares, non_trainable, metrics_variables,
+                               optimizer_variables, x, y, sample_weight, masks)
+        grads = [self._on_merge(self._backward(part.vjp, jax.device_put((out_ct, loss_ct), part.device)))
+                 for part, out_ct, loss_ct in zip(parts, output_cts, loss_cts)]
         new_non_trainable = self._on_merge(parts[0].after)  # the seed states: each device advanced them alike
         if self._apply is None:
-            self._apply = jax.jit(self.optimizer.stateless_apply)
-        trainable, optimizer_variables = self._apply(optimizer_variables, grads, trainable)
-        _attach(y_pred, merged_masks)
-        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
+            self._apply = jax.jit(_summed_apply(self.optimizer))
+        trainable, optimizer_variables = self._apply(optimizer_variables, grads, own_grads, trainable)
+        logs, metrics_variables = self._metric_update(metrics_variables, unscaled, x, y, y_pred, sample_weight,
+                                                merged_masks)
         return logs, (trainable, new_non_trainable, optimizer_variables, metrics_variables)
 
     def test_step(self, state, data):
@@ -355,8 +361,8 @@ class JaxTowers(keras.Model):
         _, (unscaled, y_pred, metrics_variables, merged_masks) = self._merged(
             trainable, outputs, losses, shares, non_trainable, metrics_variables, [], x, y, sample_weight, masks,
             training=False)
-        _attach(y_pred, merged_masks)
-        logs, metrics_variables = update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
+        logs, metrics_variables = self._metric_update(metrics_variables, unscaled, x, y, y_pred, sample_weight,
+                                                merged_masks)
         return logs, (trainable, non_trainable, metrics_variables)
 
     def predict_step(self, state, data):
@@ -399,10 +405,13 @@ def _attach(y, masks: list) -> None:
             set_mask(leaf, mask)
 
 
-@functools.cache
-def _adder():
-    return jax.jit(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b))
-
-
-def _add(a, b):
-    return _adder()(a, b)
+def _summed_apply(optimizer):
+    """``(optimizer variables, each device's gradient in device order, the regularisers' gradient, weights) ->
+    (weights, optimizer variables)``: the gradients added in that order, then one optimizer step."""
+    def apply(optimizer_variables, device_grads, own_grads, trainable):
+        total = device_grads[0]
+        for grads in device_grads[1:]:
+            total = jax.tree_util.tree_map(jnp.add, total, grads)
+        total = jax.tree_util.tree_map(jnp.add, total, own_grads)
+        return optimizer.stateless_apply(optimizer_variables, total, trainable)
+    return apply

@@ -100,16 +100,14 @@ def _plant(name: str) -> None:
     from harness.parallel import onjax
 
     if name == "last-device-gradient":  # the last device's gradient dropped from the sum
-        run = onjax.JaxTowers._run_devices
+        summed = onjax._summed_apply
 
-        def dropped(self, state, x, training, differentiate):
-            parts = run(self, state, x, training, differentiate)
-            if differentiate and len(parts) > 1:
-                vjp_i = parts[-1].vjp
-                parts[-1] = parts[-1]._replace(vjp=lambda ct, vjp_i=vjp_i: [_zeros(g) for g in vjp_i(ct)])
-            return parts
+        def dropped(optimizer):
+            apply = summed(optimizer)
+            return lambda opt_vars, grads, own, weights: apply(opt_vars, [*grads[:-1], _zeros(grads[-1])], own,
+                                                               weights)
 
-        onjax.JaxTowers._run_devices = dropped
+        onjax._summed_apply = dropped
     elif name == "even-shares":  # each device's losses weighted 1/devices instead of by its rows
         merged = onjax.JaxTowers._merged_loss
 
