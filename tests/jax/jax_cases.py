@@ -72,6 +72,27 @@ def _own(build, loss="sparse_categorical_crossentropy", optimizer="adam", policy
     return case
 
 
+def _zoo(name):
+    def case():
+        from harness.bench.zoo import CATALOG
+
+        entry = next(e for e in CATALOG if e.name == name)
+        x, y, sample_weight = entry.data()
+        spec = dict(build=lambda: entry.build(keras), x=x, y=y, loss=entry.loss(keras),
+                    optimizer=lambda: entry.optimizer(keras), metrics=entry.metrics(keras) if entry.metrics else None,
+                    sample_weight=sample_weight, class_weight=entry.class_weight, batch_size=entry.batch_size,
+                    epochs=entry.epochs, validation_data=(x, y) if entry.validation else None)
+        if entry.loss_weights is not None:
+            spec["loss_weights"] = entry.loss_weights
+        return spec
+    return case
+
+
+# A sample of the model zoo (harness.bench.zoo): keras-io and applications architectures at CPU size.
+ZOO_SAMPLE = ["text_bilstm", "transformer_encoder", "seq2seq_masked", "siamese", "multi_io_dict",
+              "imbalanced_class_weight", "subclassed_no_gradient", "timeseries_fcn", "softmax_cnn",
+              "mobilenet_v3_small"]  # (custom_train_step: its step is TensorFlow code)
+
 CASES = {
     # harness check's models (harness.bench.workloads.small), at its defaults: 62 samples at batch 20 (last batch 2)
     "dense": _small("dense", optimizer="adam"),
@@ -92,6 +113,7 @@ CASES = {
     # randomness (judged with it off) and mixed precision (loss scaling; judged against its own floor)
     "dropout": _own(_dropout, loss="logits"),
     "mixed_float16": _own(_mixed, loss="logits", policy="mixed_float16"),
+    **{f"zoo:{name}": _zoo(name) for name in ZOO_SAMPLE},
 }
 
 
@@ -128,6 +150,7 @@ def _zeros(tree):
 
 def judge(name: str, ratios=(5, 3, 2), batch_size: int = 20) -> dict:
     spec = CASES[name]()
+    batch_size = spec.pop("batch_size", batch_size)
     build, x, y = spec.pop("build"), spec.pop("x"), spec.pop("y")
     spec.setdefault("optimizer", "sgd")
     policy = spec.pop("policy", None)

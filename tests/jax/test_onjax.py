@@ -35,6 +35,17 @@ PINS = {
     "subclassed": "exact",
     "dropout": "exact",  # with Dropout and GaussianNoise off; named, and different with them on
     "mixed_float16": "as accurate as one device",  # float16 rounding: within the floor of one device
+    # a sample of the model zoo (harness.bench.zoo), keras-io and applications architectures at CPU size
+    "zoo:text_bilstm": "exact",
+    "zoo:transformer_encoder": "exact",
+    "zoo:seq2seq_masked": "exact",
+    "zoo:siamese": "refused: jax-batchnorm",
+    "zoo:multi_io_dict": "exact",
+    "zoo:imbalanced_class_weight": "exact",
+    "zoo:subclassed_no_gradient": "exact",  # a weight without a gradient
+    "zoo:timeseries_fcn": "refused: jax-batchnorm",
+    "zoo:softmax_cnn": "exact",
+    "zoo:mobilenet_v3_small": "refused: jax-batchnorm",
 }
 QUICK = ["dense", "cnn_bn", "masked_sequence"]
 
@@ -65,7 +76,12 @@ def test_the_check_models_meet_their_pins_on_three_jax_devices():
 
 @pytest.mark.extended
 def test_every_case_meets_its_pin_on_three_jax_devices():
-    _check_pins(_judged([name for name in PINS if name not in QUICK]))
+    _check_pins(_judged([name for name in PINS if name not in QUICK and not name.startswith("zoo:")]))
+
+
+@pytest.mark.extended
+def test_the_zoo_sample_meets_its_pins_on_three_jax_devices():
+    _check_pins(_judged([name for name in PINS if name.startswith("zoo:")]))
 
 
 def test_a_dropped_device_gradient_fails():

@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.bench.zoo.entry import is_keras3
 
-__all__ = ["classes_of", "math_of"]
+__all__ = ["classes_of", "clipped_step_class", "math_of"]
 
 
 def math_of(k) -> SimpleNamespace:
@@ -130,11 +130,14 @@ def classes_of(k) -> SimpleNamespace:
     return SimpleNamespace(TokenAndPositionEmbedding=TokenAndPositionEmbedding, TokenAndPositionIds=TokenAndPositionIds,
                            TransformerBlock=TransformerBlock,
                            EuclideanDistance=EuclideanDistance, ResidualMLP=ResidualMLP,
-                           TemperatureClassifier=TemperatureClassifier, ClippedStep=_clipped_step_class(k))
+                           TemperatureClassifier=TemperatureClassifier)
 
 
-def _clipped_step_class(k):
-    """Keras guide "Customizing what happens in fit()": its own train_step (here clipping gradients)."""
+@cache
+def clipped_step_class(k):
+    """Keras guide "Customizing what happens in fit()": its own train_step (here clipping gradients), on
+    TensorFlow's tape (made on first use: the other classes need no TensorFlow, so they build on Keras 3's JAX
+    backend too)."""
     return _clipped_step_keras3(k) if is_keras3(k) else _clipped_step_keras2(k)
 
 

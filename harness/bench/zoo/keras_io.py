@@ -11,7 +11,7 @@ from functools import partial
 
 import numpy as np
 
-from harness.bench.zoo.custom import classes_of, math_of
+from harness.bench.zoo.custom import classes_of, clipped_step_class, math_of
 from harness.bench.zoo.entry import ZooEntry, adam, images, output_dtype, ranked_labels, sgd, sparse_ce, tokens
 
 __all__ = ["ENTRIES"]
@@ -223,7 +223,7 @@ def _mixed_mlp(k):
 def _custom_step(k):
     inputs = k.Input(shape=(12,))
     h = k.layers.Dense(16, activation="relu")(inputs)
-    return classes_of(k).ClippedStep(inputs, k.layers.Dense(3)(h), name="clipped_step")
+    return clipped_step_class(k)(inputs, k.layers.Dense(3)(h), name="clipped_step")
 
 
 def _accuracy(k):
