@@ -35,7 +35,13 @@ import keras
 from keras import tree
 
 from harness.errors import InvalidType, InvalidValue, NotSupported, Refused
-from harness.parallel.adapters.jaxtrainer import forward_losses, get_mask, set_mask, update_metrics
+from harness.parallel.adapters.jaxtrainer import (
+    forward_losses,
+    get_mask,
+    set_mask,
+    sublayers,
+    update_metrics,
+)
 from harness.split import split_batch, validate_ratios
 
 __all__ = ["JaxTowers", "is_jax_model", "parallelize_jax", "resolve_jax_devices", "device_name"]
@@ -122,7 +128,7 @@ class _Held:
 def _seed_states(model) -> set[int]:
     """The ids of every seed generator state variable of ``model``'s layers (they advance alike on each device)."""
     states = set()
-    for layer in [model, *model._flatten_layers(include_self=False)] if hasattr(model, "_flatten_layers") else [model]:
+    for layer in [model, *sublayers(model)]:
         for value in vars(layer).values():
             if isinstance(value, keras.random.SeedGenerator):
                 states.add(id(value.state))
@@ -148,8 +154,7 @@ class JaxTowers(keras.Model):
                                f"model {template.name!r} ({type(template).__name__}) defines its own {', '.join(own)}; "
                                "on Keras' JAX backend harness does not yet split a model's own steps. Train it on "
                                "TensorFlow with method='towers'")
-        batchnorm = [layer.name for layer in template._flatten_layers(include_self=False)
-                     if isinstance(layer, keras.layers.BatchNormalization)]
+        batchnorm = [layer.name for layer in sublayers(template) if isinstance(layer, keras.layers.BatchNormalization)]
         if batchnorm and len(devices) > 1:
             raise Refused("jax-batchnorm",
                           f"on Keras' JAX backend harness does not yet share BatchNormalization statistics across "

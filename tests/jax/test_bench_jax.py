@@ -27,6 +27,7 @@ def only_record(directory: Path, kind: str) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.extended  # 9 s; scripts/wheel-smoke (.ci/run's wheel step) runs harness compare --backend jax too
 def test_run_on_three_cpu_devices_by_ratios(tmp_path):
     done = harness("run", "--backend", "jax", "--logical-cpus", "3", "--ratios", "5", "3", "2", "--batch", "100",
                    *FAST, "--results-dir", str(tmp_path))

@@ -70,9 +70,10 @@ def runs(tmp_path_factory):
     return get
 
 
-# Keras 2's clusters (three of them: 48 s) run in the extended step; its backup and restore stays in the quick
-# loop in one process (test_a_plain_keras_model_in_one_process_resumes_exactly_too, the refusals below).
-@pytest.mark.keras2_extended
+# The clusters (Keras 2's three: 48 s; Keras 3's kill-and-relaunch: 22 s) run in the extended step; backup and
+# restore stays in the quick loop in one process (test_a_plain_keras_model_in_one_process_resumes_exactly_too, the
+# refusals below) and across workers in test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each.
+@pytest.mark.extended
 def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_weights(runs, any_keras):
     run = runs(any_keras)
     (result, reports, output, _) = run["killed"]
@@ -94,7 +95,7 @@ def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_we
     assert not (run["root"] / "b" / "backup.npz").exists()  # deleted by the chief when fit ended
 
 
-@pytest.mark.keras2_extended
+@pytest.mark.extended  # the same clusters as the test above
 def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, any_keras, logical_devices):
     run = runs(any_keras)
     for name, directory, model in (("a", "a", "a.keras"), ("resumed", "b", "b.keras")):

@@ -173,11 +173,17 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     # Keras 3 only: with TF 2.15's Keras 2 workloads the fast device's batch missed twice the slow one's
     # in 3 of 3 runs here (518 for 562, 562 for 412 and for 530), where Keras 3's passed beside them.
     fast, slow = emulation.scale(4000, 2000)
-    done = run_harness(["tune", "--emulate", f"{fast}:600,{slow}:300", "--seconds", "0.4", "--windows", "2",
-                        "--json"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    record = json.loads(done.stdout)
-    result = record["result"]
+    # A run the tuner itself finds host-bound (more than a tenth of some phase's steps late: the figures are the
+    # host's) is no verdict on the tuner: run once more. Beside two CPU hogs the host ran one profile at 2.4x the
+    # emulated rate where it had been calibrated at 4x, and that phase came out host-bound (.ci/run at f43eddf).
+    for attempt in range(2):
+        done = run_harness(["tune", "--emulate", f"{fast}:600,{slow}:300", "--seconds", "0.4", "--windows", "2",
+                            "--json"], tmp_path / f"attempt-{attempt}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        record = json.loads(done.stdout)
+        result = record["result"]
+        if result["host_bound"] == []:
+            break
     assert result["host_bound"] == [] and "harness tune: warning" not in done.stderr  # the figures are the emulation's
     choice, tuned, even = result["choice"], result["verify"]["tuned"], result["verify"]["even"]
     # Ceilings bind: the most samples/s is the slow device near its ceiling, the fast one at about twice that:
@@ -197,8 +203,8 @@ def test_tune_balances_emulated_devices_and_verifies(tmp_path, emulation):
     assert stock["status"] == "complete" and stock["batches"] == [sum(even["batches"]) // 2] * 2
     assert stock["samples_per_second"] == pytest.approx(even["samples_per_second"], rel=0.15)
     assert record["status"] == "complete" and result["seconds"]["total"] < 180
-    assert next(tmp_path.glob("tune-*.json")).exists()
-    assert next(tmp_path.glob("tune-*.png")).stat().st_size > 10_000
+    assert next(tmp_path.glob(f"attempt-{attempt}/tune-*.json")).exists()
+    assert next(tmp_path.glob(f"attempt-{attempt}/tune-*.png")).stat().st_size > 10_000
 
 
 @pytest.mark.timing

@@ -24,6 +24,9 @@ def test_a_forked_run_has_the_streams_status_argv_cwd_and_environment_of_python_
     assert _zygotes, "the run was not forked"
 
 
+# The zygote's edge cases are extended tests (20 s of the quick loop): every quick test that runs TensorFlow in a
+# process of its own goes through the zygote, and the two tests left here check a run's streams, status and CLI.
+@pytest.mark.extended
 def test_an_uncaught_exception_is_a_traceback_and_exit_1_and_each_run_sets_up_its_own_devices():
     failed = python(["-c", "raise ValueError('named')"], env=ENV, timeout=120)
     assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: named")
@@ -43,6 +46,7 @@ def test_the_cli_runs_as_python_m_harness_does(tmp_path):
     assert forked.stderr == plain.stderr and "--batch" in forked.stderr
 
 
+@pytest.mark.extended
 def test_a_timeout_kills_the_run_and_what_it_started_and_the_zygote_serves_on():
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
            "print('started', flush=True); time.sleep(60)"
@@ -54,6 +58,7 @@ def test_a_timeout_kills_the_run_and_what_it_started_and_the_zygote_serves_on():
     assert python(["-c", "print(1)"], env=ENV, timeout=120).stdout == "1\n"
 
 
+@pytest.mark.extended
 def test_an_environment_tensorflow_reads_at_import_gets_a_zygote_of_its_own():
     before = set(map(id, _zygotes.values()))
     code = "import os; print(os.environ.get('TF_USE_LEGACY_KERAS'))"

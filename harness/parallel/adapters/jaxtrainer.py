@@ -1,10 +1,11 @@
 """What the JAX towers (``harness.parallel.onjax``) need from Keras 3's JAX trainer that it keeps private.
 
 The one place the JAX path touches private Keras: the trainer's own metric update (the loss tracker and the compiled
-metrics, as its ``train_step`` and ``test_step`` run it) and the losses a forward pass added, handed to
-``compute_loss`` as Keras' own stateless step hands them. Checked on Keras 3.15 (``keras/src/backend/jax/
-trainer.py``: ``JAXTrainer._update_metrics_variables``, ``Layer._losses_override``; ``keras/src/backend/common/
-masking.py``: the masks Keras keeps beside a JAX array, which its losses and metrics read); imports no TensorFlow.
+metrics, as its ``train_step`` and ``test_step`` run it), the losses a forward pass added, handed to ``compute_loss``
+as Keras' own stateless step hands them, the masks Keras keeps beside a JAX array (its losses and metrics read them)
+and the walk over a model's layers. Checked on Keras 3.15: ``keras/src/backend/jax/trainer.py``
+(``JAXTrainer._update_metrics_variables``, ``Layer._losses_override``), ``keras/src/backend/common/masking.py``,
+``Layer._flatten_layers``. Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-__all__ = ["forward_losses", "get_mask", "set_mask", "update_metrics"]
+__all__ = ["forward_losses", "get_mask", "set_mask", "sublayers", "update_metrics"]
+
+
+def sublayers(model) -> list:
+    """Every layer inside ``model``, nested models' layers included (``Layer._flatten_layers``)."""
+    return list(model._flatten_layers(include_self=False))
 
 
 def get_mask(x):
