@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, CPU JAX (Keras 3 on JAX: tests/jax), the test
+# Creates (or updates) .venv with harness, CPU TensorFlow, tf-keras, CPU JAX (Keras 3 on JAX: tests/onjax), the test
 # tools, asv, the docs site's MkDocs and Playwright (the browser tests drive the system's Chromium with it; .ci/run
 # installs Debian's chromium).
 # Idempotent.

@@ -17,7 +17,7 @@ What needs TensorFlow is refused by name (``harness.errors.Refused``, reason ``j
 real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Emulated devices, multi-worker runs, the stock
 baseline, rebalancing and the tuner are TensorFlow's; the CLI refuses or leaves them out.
 
-Nothing here imports TensorFlow, at import or when run (tests/jax/test_bench_jax.py runs it with TensorFlow's import
+Nothing here imports TensorFlow, at import or when run (tests/onjax/test_bench_jax.py runs it with TensorFlow's import
 blocked); JAX and Keras are imported when a run starts, after ``select_backend`` and the devices.
 """
 

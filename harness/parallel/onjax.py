@@ -20,7 +20,7 @@ that updates other state in training (``jax-stateful-layer``), a model with its 
 ``jit_compile=True`` (a whole-step program would run on one device: ``jax-jit-compile``). Random layers draw on
 every device from the same seed state: equal in distribution, not in value (``harness.compat.random_layers``).
 
-Nothing here imports TensorFlow: tests/jax/ run it with any attempt to import it failing the test.
+Nothing here imports TensorFlow: tests/onjax/ run it with any attempt to import it failing the test.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def test_the_checker_leaves_urls_home_paths_other_projects_and_module_names_alon
         "~/.cache/harness/results/run.json and /tmp/harness/x.py\n"
         "keras/src/distribution/distribution_lib.py, .asv/results/benchmarks.json\n"
         "harness.bench.runner.run_one, `split.py`, test_GPUs.py, `harness/cli/<name>.py`,\n"
-        "tests/docker/*, {root}/harness/x.py, README.md and harness/bench/runner.py.\n"
+        "tests/images/*, {root}/harness/x.py, README.md and harness/bench/runner.py.\n"
         "harness/stock ratios (a ratio, not a path), docker/wheelhouse/ (git ignores it: generated)\n"
         "harness/gone.py, on a line that says not-a-reference\n"
     )

@@ -1,6 +1,6 @@
-"""The equivalence cases of Keras 3 on JAX, run in a JAX process (tests/jax/jax_process.py) by test_onjax.py.
+"""The equivalence cases of Keras 3 on JAX, run in a JAX process (tests/onjax/jax_process.py) by test_onjax.py.
 
-``python tests/jax/jax_cases.py CASE...`` judges each case as ``harness check`` does (``compare_training`` with the
+``python tests/onjax/jax_cases.py CASE...`` judges each case as ``harness check`` does (``compare_training`` with the
 float64 reference and the rounding floor, random layers compared both ways) on 3 JAX CPU devices and prints one JSON
 line per case: its verdict at tol 1e-6, or the reason id of its refusal (the parallel float64 run and the floor only
 where the float32 runs differ by more than tol, as ``harness check`` does). The models are the TensorFlow suite's own

@@ -1,7 +1,7 @@
 """Keras 3 on JAX: ``harness.parallelize`` over 3 JAX CPU devices at ratios [5, 3, 2], judged as on TensorFlow.
 
-Every case runs in a JAX process of its own (tests/jax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
-attempt to import TensorFlow failing the test). The cases are the TensorFlow suite's models (tests/jax/jax_cases.py),
+Every case runs in a JAX process of its own (tests/onjax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
+attempt to import TensorFlow failing the test). The cases are the TensorFlow suite's models (tests/onjax/jax_cases.py),
 each judged by ``compare_training`` with the float64 reference (``jax_enable_x64``) and the rounding floor, and held
 to its pinned outcome (``PINS``): exact, as accurate as one device, or refused with a reason id. A FAIL is never
 pinned. The verdicts are shown failing on planted defects of the JAX towers.
@@ -16,7 +16,7 @@ from jax_process import ROOT, run_jax, run_jax_script
 
 pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
 
-CASES = ROOT / "tests" / "jax" / "jax_cases.py"
+CASES = ROOT / "tests" / "onjax" / "jax_cases.py"
 
 # Each case's outcome on 3 JAX CPU devices at [5, 3, 2], tol 1e-6 (jax 0.10.2, Keras 3.15.1, at 137df77+).
 PINS = {

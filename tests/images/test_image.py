@@ -1,4 +1,4 @@
-"""Real image builds (``pytest --run-docker -m docker tests/docker``, or ``tox -e docker``).
+"""Real image builds (``pytest --run-docker -m docker tests/images``, or ``tox -e docker``).
 
 Each test uses the engine the Docker SDK for Python reaches (``DOCKER_HOST``, else the default
 socket), or starts a private one (root, dockerd installed) and stops it afterwards; images and

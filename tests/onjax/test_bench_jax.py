@@ -1,6 +1,6 @@
 """``harness run --backend jax`` and ``harness compare --backend jax`` (harness.bench.jaxbench) on JAX CPU devices.
 
-Each test runs the command in a JAX process (tests/jax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
+Each test runs the command in a JAX process (tests/onjax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
 attempt of harness to import TensorFlow failing the test). Small workload, short windows.
 """
 
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from jax_process import run_harness_cli  # tests/jax/jax_process.py
+from jax_process import run_harness_cli  # tests/onjax/jax_process.py
 
 pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
 
