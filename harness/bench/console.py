@@ -9,6 +9,7 @@ summary text, and ``Output`` (printing, progress and the result record of one in
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -66,11 +67,16 @@ def warn_host_bound(result: dict) -> None:
         print(f"harness run: warning: {host_bound_text(host_bound(result))}", file=sys.stderr)
 
 
-def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict:
-    """Runs ``config`` with progress and a record rewritten after each window."""
-    from harness.bench.runner import run_one
+def execute(config, setup, out, prefix: str = "", compact: bool = False, run=None) -> dict:
+    """Runs ``config`` with progress and a record rewritten after each window: with ``harness.bench.runner.run_one``
+    and the devices' telemetry (``setup``), or with ``run`` (``harness.bench.jaxbench.run_one``: no telemetry)."""
+    if run is None:
+        from harness.bench.runner import run_one
 
-    telemetry = telemetry_for(setup)
+        telemetry = telemetry_for(setup)
+        run = functools.partial(run_one, telemetry=telemetry)
+    else:
+        telemetry = None
     partial = out.record.setdefault("partial", [])
 
     def on_window(window):
@@ -80,7 +86,7 @@ def execute(config, setup, out, prefix: str = "", compact: bool = False) -> dict
         out.save()
 
     try:
-        return run_one(config, telemetry=telemetry, on_window=on_window, on_step=out.progress(prefix, config.windows))
+        return run(config, on_window=on_window, on_step=out.progress(prefix, config.windows))
     finally:
         out.clear_progress()
         out.record.pop("partial", None)

@@ -308,20 +308,8 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
 
 
 def execute(config, out, prefix: str = "", compact: bool = False) -> dict:
-    """``run_one`` with progress and the record rewritten after each window (``harness.bench.console.execute`` on
-    JAX): ``out`` is the command's ``harness.bench.console.Output``."""
-    from harness.bench.console import window_text
+    """``run_one`` with progress and the record rewritten after each window (``harness.bench.console.execute``
+    running this module's ``run_one``): ``out`` is the command's ``harness.bench.console.Output``."""
+    from harness.bench.console import execute as run_with_progress
 
-    partial = out.record.setdefault("partial", [])
-
-    def on_window(window):
-        partial.append(window)
-        out.clear_progress()
-        out.say(window_text(window, config.windows, prefix, compact))
-        out.save()
-
-    try:
-        return run_one(config, on_window=on_window, on_step=out.progress(prefix, config.windows))
-    finally:
-        out.clear_progress()
-        out.record.pop("partial", None)
+    return run_with_progress(config, None, out, prefix, compact, run=run_one)

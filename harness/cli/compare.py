@@ -98,6 +98,20 @@ def _short(device: str) -> str:
     return device.replace("/device:", "").replace("/job:localhost/replica:0/task:0", "")
 
 
+def _sized(args, setup) -> tuple[int, str, int]:
+    """``(devices, workload size, global batch)`` of a comparison on ``setup``'s devices; ``--ratios`` checked
+    against them (each value was checked by argparse: ``options.ratio``)."""
+    n = len(setup.devices)
+    if args.ratios is not None and len(args.ratios) != n:
+        raise InvalidValue(f"--ratios needs one ratio per device ({n}: {', '.join(setup.devices)}); got "
+                           f"{len(args.ratios)}: {' '.join(f'{r:g}' for r in args.ratios)}")
+    size = options.default_size(args, setup)
+    batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
+    if batch < n:
+        raise InvalidValue(f"--batch must be at least the device count ({n}); got {batch}")
+    return n, size, batch
+
+
 def run(args) -> int:
     if getattr(args, "backend", "tensorflow") == "jax":
         return _compare_jax(args)
@@ -110,14 +124,7 @@ def run(args) -> int:
     if args.batch is not None and args.batch < 1:
         raise InvalidValue(f"--batch must be >= 1; got {args.batch}")
     setup = options.setup_devices(args)
-    n = len(setup.devices)
-    if args.ratios is not None and len(args.ratios) != n:  # each value was checked by argparse (options.ratio)
-        raise InvalidValue(f"--ratios needs one ratio per device ({n}: {', '.join(setup.devices)}); got "
-                           f"{len(args.ratios)}: {' '.join(f'{r:g}' for r in args.ratios)}")
-    size = options.default_size(args, setup)
-    batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
-    if batch < n:
-        raise InvalidValue(f"--batch must be at least the device count ({n}); got {batch}")
+    n, size, batch = _sized(args, setup)
     singles, common = _rows(args, setup, size, batch)
     out = Output(args, "compare", {"model": args.model, "size": size, "devices": list(setup.devices),
                                    "batch": batch, "device_kind": setup.kind,
@@ -205,14 +212,7 @@ def _compare_jax(args) -> int:
         raise InvalidValue(f"--ratios needs one ratio per device ({args.logical_cpus}); got {len(args.ratios)}: "
                            f"{' '.join(f'{r:g}' for r in args.ratios)}")
     setup = options.setup_jax_devices(args)
-    n = len(setup.devices)
-    if args.ratios is not None and len(args.ratios) != n:
-        raise InvalidValue(f"--ratios needs one ratio per device ({n}: {', '.join(setup.devices)}); got "
-                           f"{len(args.ratios)}: {' '.join(f'{r:g}' for r in args.ratios)}")
-    size = options.default_size(args, setup)
-    batch = options.BATCH_PER_DEVICE * n if args.batch is None else args.batch
-    if batch < n:
-        raise InvalidValue(f"--batch must be at least the device count ({n}); got {batch}")
+    n, size, batch = _sized(args, setup)
     common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
                   input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data, overlap=False)
     share = max(1, batch // n)
