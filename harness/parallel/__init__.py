@@ -107,9 +107,7 @@ def parallelize(
     from harness.devices import resolve_devices
     from harness.parallel.adapters import adapter_for
 
-    if method is None:
-        method = "towers" if _on_jax(model) else "mirrored"
-    if method not in METHODS:
+    if method is not None and method not in METHODS:
         raise InvalidValue(f"method must be one of {list(METHODS)}; got method={method!r}")
     if not is_keras2_model(model):  # tf_keras (TF_USE_LEGACY_KERAS=1) or TF <= 2.15's keras
         import keras
@@ -117,6 +115,7 @@ def parallelize(
         if not isinstance(model, keras.Model):
             raise InvalidType(f"model must be a keras.Model; got {type(model).__name__}")
         if keras.backend.backend() == "jax":  # harness.parallel.onjax: no TensorFlow on this path
+            method = method or "towers"
             if isinstance(devices, Cluster):
                 raise Refused("jax-cluster", "across workers harness trains on TensorFlow's "
                                              "MultiWorkerMirroredStrategy; on Keras' JAX backend give local devices")
@@ -126,6 +125,7 @@ def parallelize(
             from harness.parallel.onjax import parallelize_jax
 
             return parallelize_jax(model, devices, ratios, method, sync_batchnorm, merge_device, emulate)
+    method = method or "mirrored"
     if not model.built:
         raise InvalidValue(
             f"model {model.name!r} is not built: give it a keras.Input or call it on data before parallelize()"
@@ -165,17 +165,6 @@ def parallelize(
 
 AUTO_EVERY = 10  # ratios="auto": steps per measurement window
 AUTO_WARMUP = 2  # ... and steps ignored first (tracing) and after each re-split
-
-
-def _on_jax(model) -> bool:
-    """A Keras 3 model while Keras' backend is JAX (without importing Keras for a model of another Keras)."""
-    from harness.compat import is_keras2_model, keras_module_name
-
-    if is_keras2_model(model) or keras_module_name(model) != "keras":
-        return False
-    import keras
-
-    return keras.backend.backend() == "jax"
 
 
 def _refuse_own_steps(model, method: str, across_workers: bool) -> None:

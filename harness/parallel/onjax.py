@@ -44,14 +44,9 @@ from harness.parallel.adapters.jaxtrainer import (
 )
 from harness.split import split_batch, validate_ratios
 
-__all__ = ["JaxTowers", "is_jax_model", "parallelize_jax", "resolve_jax_devices", "device_name"]
+__all__ = ["JaxTowers", "parallelize_jax", "resolve_jax_devices", "device_name"]
 
 _NAME = re.compile(r"^/?(?:device:)?(cpu|gpu|cuda|rocm|tpu):(\d+)$", re.IGNORECASE)
-
-
-def is_jax_model(model) -> bool:
-    """True for a Keras 3 model while Keras' backend is JAX."""
-    return keras.backend.backend() == "jax" and isinstance(model, keras.Model)
 
 
 def device_name(device) -> str:
