@@ -181,9 +181,7 @@ def releasing_traced_graphs() -> Iterator[None]:
     the block are removed at its end; the models trained there are not differentiated through
     again. A TensorFlow without that registry is left alone.
     """
-    import sys
-
-    if "tensorflow" not in sys.modules:  # nothing traced by TensorFlow (Keras 3 on JAX): nothing to release
+    if on_jax_backend():  # Keras 3 on JAX: TensorFlow traces nothing (and is not imported on this path)
         yield
         return
     from tensorflow.python.framework import ops  # TF's private registry: checked on TF 2.15 and 2.21
