@@ -373,3 +373,53 @@ def first_leaf(data):
         else:
             data = data[0]
     return data
+
+
+# Keras' own probe for an optional TensorFlow (``tf.available`` in its seeding and saving code, on any backend): it
+# takes a failed import as "not installed". Its attempts are Keras', not the caller's.
+KERAS_PROBE = "keras/src/utils/module_utils.py"
+
+
+class TensorFlowBlocker:
+    """Makes every import of TensorFlow in this process fail as if it were not installed, and records who tried
+    (``block_tensorflow``): ``attempts``, each ``{"module", "from": "file:line", "keras_probe"}``."""
+
+    def __init__(self, report=None):
+        self.attempts: list[dict] = []
+        self._report = report
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow" and not name.startswith("tensorflow."):
+            return None
+        import traceback
+
+        frames = [f for f in traceback.extract_stack()[:-1] if "importlib" not in f.filename and f.filename != __file__]
+        where = frames[-1] if frames else None
+        attempt = {"module": name, "from": f"{where.filename}:{where.lineno}" if where else None,
+                   "keras_probe": bool(where and where.filename.replace("\\", "/").endswith(KERAS_PROBE))}
+        self.attempts.append(attempt)
+        if self._report is not None and not attempt["keras_probe"]:
+            self._report(name, traceback.format_list(frames[-10:]))
+        raise ModuleNotFoundError(f"No module named {name!r} (TensorFlow is blocked here)", name=name)
+
+    @property
+    def own(self) -> list[dict]:
+        """The attempts that were not Keras' own probe for an optional TensorFlow."""
+        return [a for a in self.attempts if not a["keras_probe"]]
+
+
+def block_tensorflow(report=None) -> TensorFlowBlocker:
+    """Blocks TensorFlow in this process (first on ``sys.meta_path``): the proof that a path runs without it (Keras 3
+    on JAX). ``report(module, stack_lines)`` is called for each attempt that is not Keras' own probe. Call it before
+    anything imports TensorFlow; an import already done is not undone.
+
+    Examples:
+        >>> blocker = block_tensorflow()
+        >>> import keras  # with KERAS_BACKEND=jax
+        >>> assert not blocker.own, blocker.own
+    """
+    import sys
+
+    blocker = TensorFlowBlocker(report)
+    sys.meta_path.insert(0, blocker)
+    return blocker

@@ -17,25 +17,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Put first on sys.path of the child: any import of tensorflow raises and says so on stderr with who tried (a
-# traceback), so that an attempt caught by its caller (Keras' own set_random_seed) fails the test too.
-# Keras' own probe for an optional TensorFlow (``tf.available`` in its saving and seeding code), which takes a failed
-# import as "not installed": Keras' behaviour whatever its backend, not an import by harness.
+# First in the child: harness.compat.block_tensorflow, every attempt to import TensorFlow said on stderr with who tried
+# (a traceback), so that an attempt its caller catches fails the test too; Keras' own probe for an optional
+# TensorFlow (``tf.available`` in its saving and seeding code) is Keras', whatever its backend, and not reported.
 ATTEMPT = "HARNESS-TEST: TensorFlow import attempted: "
-KERAS_PROBE = "keras/src/utils/module_utils.py"
 NO_TF = f"""
 import sys
-ATTEMPT, KERAS_PROBE = {ATTEMPT!r}, {KERAS_PROBE!r}
-class _NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name == "tensorflow" or name.startswith("tensorflow."):
-            import traceback
-            stack = [f for f in traceback.extract_stack() if "importlib" not in f.filename and f.filename != "<string>"]
-            if not stack or not stack[-1].filename.endswith(KERAS_PROBE):
-                sys.stderr.write(ATTEMPT + name + chr(10) + "".join(traceback.format_list(stack[-10:])))
-            raise ImportError("the JAX path imported TensorFlow (" + name + ")")
-        return None
-sys.meta_path.insert(0, _NoTensorFlow())
+from harness.compat import block_tensorflow
+block_tensorflow(lambda name, stack: sys.stderr.write({ATTEMPT!r} + name + chr(10) + "".join(stack)))
 """
 
 

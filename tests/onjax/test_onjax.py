@@ -181,3 +181,29 @@ def test_fit_evaluate_predict_and_save_equal_one_device_and_refusals_are_named()
         "jax-batchnorm", "jax-method", "jax-jit-compile", "jax-stateful-layer", "custom-train-step"), out
     assert "cpu:7" in out["bad_device"] and "cpu:0" in out["bad_device"], out["bad_device"]
     assert out["tensorflow"] is False
+
+
+_BLOCKED = """
+import json, sys
+from harness.compat import block_tensorflow
+reported = []
+blocker = block_tensorflow(lambda name, stack: reported.append(name))
+try:
+    import tensorflow  # noqa: F401
+    imported = True
+except ModuleNotFoundError:
+    imported = False
+from keras.src.utils.module_utils import tensorflow as lazy  # Keras' own probe for an optional TensorFlow
+print(json.dumps({"imported": imported, "probe_available": lazy.available, "attempts": blocker.attempts,
+                  "own": blocker.own, "reported": reported, "in_modules": "tensorflow" in sys.modules}))
+"""
+
+
+def test_the_tensorflow_blocker_fails_and_names_every_import_and_knows_keras_own_probe():
+    # The guard every JAX process of these tests runs under (and wheel-smoke's, device-check's): an import of
+    # TensorFlow fails as if it were not installed and is named; Keras' probe is recorded but is not the caller's.
+    out = json.loads(run_jax(_BLOCKED, allow_tf=True).stdout.strip().splitlines()[-1])
+    assert out["imported"] is False and out["probe_available"] is False and out["in_modules"] is False, out
+    assert [a["keras_probe"] for a in out["attempts"]] == [False, True], out["attempts"]
+    assert out["attempts"][0]["from"].startswith("<string>:") and out["own"] == out["attempts"][:1]
+    assert out["reported"] == ["tensorflow"]
