@@ -398,7 +398,7 @@ def cluster_result(plan: ClusterPlan, windows: Sequence[dict], ends: Mapping[int
     completed, else the first failing worker's (``"oom"`` or ``"failed"``) with an error naming it.
     """
     from harness.bench.results import summarize
-    from harness.bench.runner import _summary
+    from harness.bench.runner import summarize_windows
 
     result: dict[str, Any] = {"config": config, "status": "complete", "windows": list(windows), "summary": None,
                               "input": (ends.get(0) or {}).get("input"), "error": None,
@@ -412,7 +412,7 @@ def cluster_result(plan: ClusterPlan, windows: Sequence[dict], ends: Mapping[int
                           if windows else None}
                          for w in range(plan.workers)]
     if all((ends.get(w) or {}).get("status") == "complete" for w in range(plan.workers)) and launch_status == 0:
-        result["summary"] = _summary(windows)
+        result["summary"] = summarize_windows(windows)
         result["summary"]["workers"] = [w["samples_per_second"] for w in result["workers"]]
         return result
     failed = first_failure if first_failure is not None else next(

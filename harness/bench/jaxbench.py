@@ -220,17 +220,6 @@ def _window_record(window, config) -> dict:
             "samples_per_second": window.samples_per_second, "devices": devices, "host_bound": []}
 
 
-def _summary(windows: Sequence[dict]) -> dict:
-    from harness.bench.results import summarize
-
-    devices = []
-    for i, first in enumerate(windows[0]["devices"] if windows else []):
-        devices.append({"device": first["device"], "batch": first["batch"], "source": first["source"],
-                        "samples_per_second": summarize([w["devices"][i]["samples_per_second"] for w in windows])})
-    return {"samples_per_second": summarize([w["samples_per_second"] for w in windows]), "devices": devices,
-            "host_bound": []}
-
-
 def _out_of_memory(err: BaseException) -> str | None:
     """The line of an XLA out-of-memory error, else None."""
     text = str(err)
@@ -264,6 +253,7 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
     import keras
 
     from harness.bench.measure import window_callback
+    from harness.bench.runner import summarize_windows
     from harness.bench.workloads.pipeline import is_starved, measure_input_rate
     from harness.parallel import parallelize
 
@@ -297,7 +287,7 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
         result.update(status="oom", error=line)
         return result
     result["status"] = "complete"
-    result["summary"] = _summary(result["windows"])
+    result["summary"] = summarize_windows(result["windows"])
     if not check_input:
         return result
     rate = measure_input_rate(more(), config.batch, seconds=min(0.5, config.seconds))

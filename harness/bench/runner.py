@@ -208,7 +208,7 @@ def train_windows(
             # collector, its destruction held a later traced step 20-40 s in the test suite (tests/conftest.py).
             gc.collect()
     result["status"] = "complete"
-    result["summary"] = _summary(result["windows"])
+    result["summary"] = summarize_windows(result["windows"])
     if not check_input:
         return result
     rate = pipeline.measure_input_rate(dataset, config.batch, seconds=min(0.5, config.seconds))
@@ -397,7 +397,9 @@ def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequ
             "host_bound": [d["device"] for d in devices if d.get("host_bound")]}
 
 
-def _summary(windows: Sequence[dict]) -> dict:
+def summarize_windows(windows: Sequence[dict]) -> dict:
+    """A run's summary from its window records: samples/s overall and per device (median and spread), the
+    emulated devices' busy, host and link figures where the windows have them, the host-bound devices."""
     from harness.bench.results import summarize
 
     out: dict[str, Any] = {"samples_per_second": summarize([w["samples_per_second"] for w in windows]), "devices": []}

@@ -48,7 +48,7 @@ def _small(name, **extra):
     return case
 
 
-def _peer(name, ratios=None):
+def _peer(name):
     def case(samples=61):
         x, y = keras_models.data(name, samples)
         return dict(build=lambda: keras_models.build(keras, name), x=x, y=y, loss=small.loss(), metrics=["accuracy"],

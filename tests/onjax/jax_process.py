@@ -47,11 +47,6 @@ def run_jax(code: str, devices: int = 3, timeout: float = 600, allow_tf: bool = 
     return done
 
 
-def run_jax_json(code: str, devices: int = 3, timeout: float = 600):
-    """``run_jax`` of a script whose last stdout line is JSON; that JSON."""
-    return json.loads(run_jax(code, devices, timeout).stdout.strip().splitlines()[-1])
-
-
 def run_jax_script(path: Path, *args: str, devices: int = 3, timeout: float = 600, expect_rc: int = 0):
     """``run_jax`` of the script ``path`` with ``args`` (as ``python PATH ARGS...``, TensorFlow blocked); the JSON
     of its last stdout line."""

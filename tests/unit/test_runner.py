@@ -6,7 +6,7 @@ import pytest
 
 from harness.bench.measure import Window
 from harness.bench.nvml import FieldStats
-from harness.bench.runner import RunConfig, _summary, _window_record, gpu_index, host_bound
+from harness.bench.runner import RunConfig, _window_record, gpu_index, host_bound, summarize_windows
 from harness.emulate import EmulatedDevice, Emulator, Event
 
 
@@ -40,7 +40,7 @@ def test_emulated_devices_report_busy_time_and_logical_cpus_only_a_share():
     assert emulated["host_rate"] == pytest.approx(5000) and emulated["late_steps"] == 0
     assert plain["source"] == "share" and "busy_fraction" not in plain and "host_rate" not in plain
     assert record["host_bound"] == []
-    summary = _summary([record])
+    summary = summarize_windows([record])
     assert summary["samples_per_second"]["median"] == 750
     assert summary["devices"][0]["busy_rate"]["median"] == 1000
     assert summary["devices"][0]["host_rate"] == pytest.approx(5000) and summary["host_bound"] == []
@@ -61,7 +61,7 @@ def test_a_device_late_in_more_than_a_tenth_of_its_steps_is_host_bound():
     assert (fast["late_steps"], fast["logged_steps"], fast["host_bound"]) == (2, 10, True)
     assert fast["host_rate"] == pytest.approx(2000) and fast["emulated_rate"] == 40000
     assert (slow["late_steps"], slow["host_bound"]) == (1, False)
-    summary = _summary([record, {**record, "host_bound": []}])
+    summary = summarize_windows([record, {**record, "host_bound": []}])
     assert summary["host_bound"] == [{"device": "/device:CPU:0", "emulated_rate": 40000.0,
                                       "host_rate": pytest.approx(2000), "late_share": 0.2}]
     assert host_bound({"summary": summary}) == summary["host_bound"] and host_bound({"summary": None}) == []
