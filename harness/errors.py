@@ -101,10 +101,12 @@ REFUSALS = {
     "masked-batchnorm": "BatchNormalization over masked inputs, not synchronised across towers",
     "sparse-layout": "embedding lookups whose rows harness cannot attribute to the single device's",
     "sparse-lookups-differ": "devices whose sparse gradients hold different lookups (not the same model traced)",
-    # Keras 3 on JAX (harness.parallel.onjax, harness.bench.jaxbench): what is TensorFlow's or not built there yet
+    # Keras 3 on JAX (harness.parallel.jax, harness.bench.jaxbench): what is TensorFlow's or not built there yet
     "jax-method": "a method other than towers on Keras' JAX backend (mirrored is TensorFlow's MirroredStrategy)",
-    "jax-batchnorm": "BatchNormalization split across JAX devices (whole-batch statistics not built on JAX yet)",
-    "jax-stateful-layer": "a layer that updates state other than a seed generator's in training, on JAX devices",
+    "jax-batchnorm": "a BatchNormalization whose whole-batch statistics JAX towers cannot share: moments of its own (a "
+                     "subclass's _moments), or computed inside a JAX transformation of the forward pass",
+    "jax-stateful-layer": "a layer that updates state other than a seed generator's or BatchNormalization's moving "
+                          "statistics in training, on JAX devices",
     "jax-jit-compile": "jit_compile=True on JAX, which would make the whole step one program on one device",
     "jax-emulate": "emulated devices on JAX (they are TensorFlow's)",
     "jax-cluster": "several workers on JAX (harness across workers runs TensorFlow's collectives)",

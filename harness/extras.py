@@ -6,7 +6,7 @@ or the ``[tf]`` extra). The other extras (pyproject.toml):
 - ``[bench]``: matplotlib (charts), nvidia-ml-py (GPU facts and telemetry), asv (benchmarks);
 - ``[ci]``: the Docker SDK for Python (``harness docker``), tox, Jinja2 (the templates ``harness init`` renders);
 - ``[test]``: pytest and its plugins (the opt-in ``harness.pytest_plugin``);
-- ``[jax]``: Keras 3 and JAX, for Keras 3 on JAX without TensorFlow (``harness.parallel.onjax``).
+- ``[jax]``: Keras 3 and JAX, for Keras 3 on JAX without TensorFlow (``harness.parallel.jax``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Throughput on Keras 3's JAX backend: ``harness run --backend jax`` and ``harness compare --backend jax``.
 
 The route of a TensorFlow run (docs/design.md) without TensorFlow: a built-in workload's model (its builder and its
-NumPy data are framework-neutral) is wrapped by ``harness.parallelize`` on JAX devices (``harness.parallel.onjax``,
+NumPy data are framework-neutral) is wrapped by ``harness.parallelize`` on JAX devices (``harness.parallel.jax``,
 method ``towers``: each batch cut by ratios; one device: the same wrapper on one), fed batches of the workload's
 synthetic pool from memory (a Python generator, no ``tf.data``), and timed by the same window callback
 (``harness.bench.measure.window_callback``: warm-up steps untimed, then windows of at least ``seconds``; a step's
@@ -44,7 +44,7 @@ _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 @dataclass(frozen=True)
 class JaxDevices:
-    """The devices of a JAX run: names as ``harness.parallel.onjax.device_name`` gives them (``cpu:0``, ``gpu:1``),
+    """The devices of a JAX run: names as ``harness.parallel.jax.device_name`` gives them (``cpu:0``, ``gpu:1``),
     their kind (``logical CPU``: JAX CPU devices of one host; ``GPU``) and a note for the console."""
 
     devices: tuple[str, ...]
@@ -126,7 +126,7 @@ def setup_devices(*, logical_cpus: int | None = None, devices: Sequence[str] | N
                            "TensorFlow's")
     import jax
 
-    from harness.parallel.onjax import resolve_jax_devices
+    from harness.parallel.jax import resolve_jax_devices
 
     try:
         gpus = jax.devices("gpu")
@@ -141,7 +141,7 @@ def setup_devices(*, logical_cpus: int | None = None, devices: Sequence[str] | N
 
 
 def _names(devices) -> tuple[str, ...]:
-    from harness.parallel.onjax import device_name
+    from harness.parallel.jax import device_name
 
     return tuple(device_name(d) for d in devices)
 

@@ -25,9 +25,10 @@ Two criteria:
   the floor's too (there reordering rows may change nothing: float16 products add up
   exactly in a float32 accumulator; the sub-batches' order is the one that measures).
 
-A model with training-time randomness (Dropout, the Random* layers: ``harness.compat.random_layers``) draws per
-device and cannot equal one device: it is judged with those layers as at inference in training, in every run
-(``harness.compat.randomness_off``), and its run as it is is reported beside (``EquivalenceReport.with_randomness``).
+A model with training-time randomness (Dropout, the Random* layers: ``harness.randomness.random_layers``) draws
+per device and cannot equal one device: it is judged with those layers as at inference in training, in every run
+(``harness.randomness.randomness_off``), and its run as it is is reported beside
+(``EquivalenceReport.with_randomness``).
 
 One idea per module: ``report`` (``EquivalenceReport``, ``WeightDiff``, the verdict's constants and the
 distance measures), ``runs`` (what the runs of one comparison share and keep), ``floor`` (the rounding

@@ -55,11 +55,14 @@ def sub_batch_steps(model, ratios: Sequence[float]) -> str | None:
     """Makes ``model`` (compiled, one device) sum each batch's gradient from sub-batches of the sizes a split by
     ``ratios`` gives: its call's backward pass runs once per sub-batch. Keras' own training step does the rest
     (loss, loss scaling, the optimizer, the metrics). None, or why this model cannot (its own training step:
-    what it calls is its own)."""
+    what it calls is its own). On Keras 3's JAX backend the same order is built on ``jax.vjp`` (``floorjax``);
+    elsewhere on TensorFlow's tapes."""
     from harness.compat import is_keras2_model, on_jax_backend
 
     if not is_keras2_model(model) and on_jax_backend():
-        return "Keras 3 on JAX (the sub-batch order is built on TensorFlow's tapes; the row orders measure the floor)"
+        from harness.equivalence.floorjax import sub_batch_steps_jax
+
+        return sub_batch_steps_jax(model, ratios)
     from harness.parallel.adapters import adapter_for
 
     adapter = adapter_for(model)

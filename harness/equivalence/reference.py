@@ -11,7 +11,7 @@ once; ``with_reference`` trains them and adds what they measure to the float32 r
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -211,15 +211,20 @@ def _float64_policy(keras, keras2: bool) -> Iterator[None]:
         policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
         set_policy, set_floatx = keras.config.set_dtype_policy, keras.config.set_floatx
     x64 = None
+    promoted: Any = nullcontext()
     if not keras2 and on_jax_backend():  # JAX keeps 64-bit types off unless asked: float64 would be float32
         import jax
 
+        from harness.parallel.adapters.jaxtrainer import float64_promoted
+
         x64 = bool(jax.config.read("jax_enable_x64"))
         jax.config.update("jax_enable_x64", True)
+        promoted = float64_promoted()  # and Keras' own promotion would make float64 float32 (BatchNormalization)
     try:
         set_floatx("float64")
         set_policy("float64")
-        yield
+        with promoted:
+            yield
     finally:
         set_floatx(floatx)
         set_policy(policy)

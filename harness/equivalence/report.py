@@ -97,9 +97,9 @@ class EquivalenceReport:
     floor: float | None = None
     floor_loss: float | None = None
     floor_orders: tuple[FloorOrder, ...] = ()
-    # The model's layers that draw random numbers in training (``harness.compat.random_layers``: class names, in
+    # The model's layers that draw random numbers in training (``harness.randomness.random_layers``: class names, in
     # model order), () where none does. Where there are, this report is of the runs with them off in training
-    # (as at inference, ``harness.compat.randomness_off``) unless ``compare_training(randomness="as-is")``, and
+    # (as at inference, ``harness.randomness.randomness_off``) unless ``compare_training(randomness="as-is")``, and
     # ``with_randomness`` is the comparison of the model as it is (float32 only; each device draws its own numbers).
     random_layers: tuple[str, ...] = ()
     randomness_off: bool = False  # whether this report's runs had them off in training

@@ -54,11 +54,11 @@ def compare_training(
     Both runs start from the same initial weights, see the same batches in the
     same order (no shuffling) and use fresh copies of ``optimizer``.
 
-    A model with training-time randomness (``harness.compat.random_layers``: Dropout, GaussianNoise, the Random*
+    A model with training-time randomness (``harness.randomness.random_layers``: Dropout, GaussianNoise, the Random*
     augmentation layers, any layer drawing from a seed generator) cannot equal one device: each device draws its
     own numbers for its rows. It is compared twice (``randomness="both"``): as it is, float32 only (the float64
     reference would only measure the draws again), and with those layers as at inference in training, in every
-    run (``harness.compat.randomness_off``), with ``reference``. The second decides: the report returned is its,
+    run (``harness.randomness.randomness_off``), with ``reference``. The second decides: the report returned is its,
     naming the layers (``random_layers``) and carrying the first (``with_randomness``).
 
     Args:
@@ -162,14 +162,8 @@ def _compare(build_model, x, y, n: int, kept: dict, options: dict, *, reference:
              skip_within: float | None, keep: bool) -> EquivalenceReport:
     """``compare_training`` of checked arguments (``options``: its keyword arguments but these); ``kept``: its
     ``single_runs`` (``keep``: the caller's, serving later calls) or a dict of this call's."""
-    from harness.compat import (
-        is_keras2_model,
-        keras_module_of,
-        on_jax_backend,
-        random_layers,
-        randomness_off,
-        set_random_seed,
-    )
+    from harness.compat import is_keras2_model, keras_module_of, on_jax_backend, set_random_seed
+    from harness.randomness import random_layers, randomness_off
 
     devices, ratios, method = options["devices"], options["ratios"], options["method"]
     sync_batchnorm, batch_size, callbacks = options["sync_batchnorm"], options["batch_size"], options["callbacks"]

@@ -68,7 +68,7 @@ def parallelize(
             Loops of ``train_on_batch`` are not rebalanced.
         method: ``"mirrored"`` (``tf.distribute.MirroredStrategy``, the default) or
             ``"towers"`` (one graph, variables on one device). On Keras 3's JAX
-            backend only ``"towers"`` (the default there): ``harness.parallel.onjax``.
+            backend only ``"towers"`` (the default there): ``harness.parallel.jax``.
         sync_batchnorm: BatchNormalization statistics and moving averages of
             the whole batch, weighted by sample counts (exact). ``False`` keeps
             per-device statistics.
@@ -114,7 +114,7 @@ def parallelize(
 
         if not isinstance(model, keras.Model):
             raise InvalidType(f"model must be a keras.Model; got {type(model).__name__}")
-        if keras.backend.backend() == "jax":  # harness.parallel.onjax: no TensorFlow on this path
+        if keras.backend.backend() == "jax":  # harness.parallel.jax: no TensorFlow on this path
             method = method or "towers"
             if isinstance(devices, Cluster):
                 raise Refused("jax-cluster", "across workers harness trains on TensorFlow's "
@@ -122,7 +122,7 @@ def parallelize(
             if _is_auto(ratios):
                 raise Refused("jax-auto-ratios", "ratios='auto' (harness.Rebalance) is TensorFlow's; on Keras' JAX "
                                                  "backend give the ratios (harness tune measures them)")
-            from harness.parallel.onjax import parallelize_jax
+            from harness.parallel.jax import parallelize_jax
 
             return parallelize_jax(model, devices, ratios, method, sync_batchnorm, merge_device, emulate)
     method = method or "mirrored"

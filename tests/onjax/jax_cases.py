@@ -41,6 +41,12 @@ def _mixed():  # built under the global mixed_float16 policy (judge sets it; flo
                              keras.layers.Dense(3), keras.layers.Activation("linear", dtype="float32")])
 
 
+def _mixed_bn():  # a convnet with BatchNormalization under mixed_float16 (its statistics computed in float32)
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3), keras.layers.BatchNormalization(),
+                             keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3),
+                             keras.layers.Activation("linear", dtype="float32")])
+
+
 def _small(name, **extra):
     def case(samples=62):
         x, y, sw = small.make_data(name, samples)
@@ -64,9 +70,9 @@ def _conformance(name):
     return case
 
 
-def _own(build, loss="sparse_categorical_crossentropy", optimizer="adam", policy=None):
+def _own(build, loss="sparse_categorical_crossentropy", optimizer="adam", policy=None, data="dense"):
     def case(samples=62):
-        x, y, _ = small.make_data("dense", samples)
+        x, y, _ = small.make_data(data, samples)
         return dict(build=build, x=x, y=y, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
                     if loss == "logits" else loss, optimizer=optimizer, policy=policy)
     return case
@@ -113,13 +119,14 @@ CASES = {
     # randomness (judged with it off) and mixed precision (loss scaling; judged against its own floor)
     "dropout": _own(_dropout, loss="logits"),
     "mixed_float16": _own(_mixed, loss="logits", policy="mixed_float16"),
+    "cnn_bn_mixed_float16": _own(_mixed_bn, loss="logits", policy="mixed_float16", data="cnn_bn"),
     **{f"zoo:{name}": _zoo(name) for name in ZOO_SAMPLE},
 }
 
 
 def _plant(name: str) -> None:
     """A defect of the JAX towers the verdict must catch."""
-    from harness.parallel import onjax
+    from harness.parallel.jax import towers as onjax
 
     if name == "last-device-gradient":  # the last device's gradient dropped from the sum
         summed = onjax._summed_apply

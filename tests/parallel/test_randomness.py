@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from tf_process import run_harness
 
-from harness.compat import random_layers, randomness_off
 from harness.equivalence import assert_equivalent, compare_training
+from harness.randomness import random_layers, randomness_off
 
 N, BATCH = 22, 8  # a partial last batch of 6
 
