@@ -8,6 +8,8 @@ A project that adopted harness (``harness init``) names its workloads in a
     devices = 2              # devices a check or benchmark splits over: GPUs where there are enough, else logical CPUs
     ratios = [3, 2]          # the uneven split, one per device (default: even)
     methods = ["mirrored"]   # harness' parallel methods to check and benchmark (towers, mirrored)
+    backend = "tensorflow"   # Keras' backend the check trains on: "tensorflow", or "jax" (Keras 3 on JAX devices,
+                             # method towers, no TensorFlow; methods default to ["towers"] there)
     emulate = "400,250"      # emulated devices for harness run/tune on a machine without GPUs
     matrix = ["tf221"]       # harness docker/matrix.toml entries the Docker workflow tests in
     harness-requirement = "keras-harness==0.2.0"  # how generated CI installs harness (harness init writes it)
@@ -53,6 +55,8 @@ __all__ = ["CONFIG_FILES", "WorkloadEntry", "Project", "CheckResult", "find_conf
 
 CONFIG_FILES = ("harness.toml", "pyproject.toml")  # looked for in this order in each folder
 METHODS = ("towers", "mirrored")
+BACKENDS = ("tensorflow", "jax")
+JAX_METHODS = ("towers",)  # mirrored is TensorFlow's MirroredStrategy
 EXACT, AS_ACCURATE = "exact", "as accurate"
 # One epoch of 8 full steps at the default check batch (20) and a partial one of 6: enough steps for a drift to
 # show (an optimizer's state, compared too, builds up over them), a partial last batch split as well.
@@ -91,6 +95,7 @@ class Project:
     emulate: str | None = None
     matrix: tuple[str, ...] = ("tf221",)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    backend: str = "tensorflow"
 
     @property
     def root(self) -> Path:
@@ -113,8 +118,9 @@ class Project:
         return self.ratios if self.ratios is not None else (1.0,) * self.devices
 
     def check_argv(self, entry: WorkloadEntry, devices: Sequence[str] | None = None) -> list[str]:
-        """``harness check`` arguments of ``entry``: its model on ``devices`` (default: ``devices`` logical CPUs),
-        the project's split and methods, the float64 rounding verdict, no step timings, JSON."""
+        """``harness check`` arguments of ``entry``: its model on ``devices`` (default: ``devices`` logical CPUs;
+        on JAX, JAX CPU devices), the project's split and methods, the float64 rounding verdict, no step timings,
+        JSON; ``--backend jax`` where the project's backend is JAX."""
         where = ["--devices", *devices] if devices else ["--logical-cpus", str(self.devices)]
         argv = ["check", "--model", entry.model, *where, "--ratios", *(f"{r:g}" for r in self.split()),
                 "--methods", *self.methods, "--batch-size", str(entry.check_batch_size),
@@ -122,6 +128,8 @@ class Project:
                 "--time-steps", "0", "--json"]
         if entry.data:
             argv[3:3] = ["--data", entry.data]
+        if self.backend != "tensorflow":
+            argv[1:1] = ["--backend", self.backend]
         return argv
 
 
@@ -175,7 +183,7 @@ def read_toml_text(text: str, source: Path) -> dict:
 
 
 _TOP = {"devices", "ratios", "methods", "emulate", "matrix", "workloads", "reusable-workflows", "harness-requirement",
-        "branch"}
+        "branch", "backend"}
 _EXTRA = ("reusable-workflows", "harness-requirement", "branch")  # strings harness init reads back
 _ENTRY = {"model", "data", "batch-size", "check-batch-size", "check-samples", "tol", "expect"}
 
@@ -204,9 +212,14 @@ def parse_config(table: Any, source: Path) -> Project:
                 or not all(_number(r) and math.isfinite(r) and r > 0 for r in ratios)):
             raise bad("ratios", f"must be {devices} positive numbers, one per device; got {ratios!r}")
         ratios = tuple(float(r) for r in ratios)
-    methods = table.get("methods", ["mirrored"])
-    if not isinstance(methods, list) or not methods or any(m not in METHODS for m in methods):
-        raise bad("methods", f"must be a list of {', '.join(METHODS)}; got {methods!r}")
+    backend = table.get("backend", "tensorflow")
+    if backend not in BACKENDS:
+        raise bad("backend", f"must be one of {', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    allowed = JAX_METHODS if backend == "jax" else METHODS
+    methods = table.get("methods", list(allowed[:1]) if backend == "jax" else ["mirrored"])
+    if not isinstance(methods, list) or not methods or any(m not in allowed for m in methods):
+        on = " on backend \"jax\" (mirrored is TensorFlow's MirroredStrategy)" if backend == "jax" else ""
+        raise bad("methods", f"must be a list of {', '.join(allowed)}{on}; got {methods!r}")
     emulate = table.get("emulate")
     if emulate is not None and (not isinstance(emulate, str) or not emulate.strip()):
         raise bad("emulate", f"must be a string RATE[:MAXBATCH[:MS]],... (harness run --emulate); got {emulate!r}")
@@ -221,7 +234,7 @@ def parse_config(table: Any, source: Path) -> Project:
         if key in table and not (isinstance(table[key], str) and table[key].strip()):
             raise bad(key, f"must be a non-empty string; got {table[key]!r}")
     extra = {k: table[k] for k in _EXTRA if k in table}
-    return Project(source, entries, devices, ratios, tuple(methods), emulate, tuple(matrix), extra)
+    return Project(source, entries, devices, ratios, tuple(methods), emulate, tuple(matrix), extra, backend)
 
 
 def _entry(name: str, table: Any, bad) -> WorkloadEntry:
@@ -337,6 +350,8 @@ def check_workload(project: Project, name: str, devices: Sequence[str] | None = 
     argv = [sys.executable, "-m", "harness", *project.check_argv(entry, devices)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(project.root),
                                                                       os.environ.get("PYTHONPATH"))))}
+    if project.backend == "jax":  # harness check --backend jax sets KERAS_BACKEND and its JAX devices itself
+        env.pop("TF_USE_LEGACY_KERAS", None)
     done = subprocess.run(argv, cwd=project.root, capture_output=True, text=True, timeout=timeout, env=env)
     command = "harness " + " ".join(argv[3:])
     try:

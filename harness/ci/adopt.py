@@ -5,6 +5,7 @@
 
   .github/workflows/harness-ci.yml           CPU CI (push, pull_request): the generated equivalence test on
                                              logical CPU devices, newest TensorFlow/Keras of the project's matrix
+                                             (harness.toml's backend = "jax": keras-harness[jax], no TensorFlow)
   .github/workflows/harness-gpu.yml          the same checks, ``harness check`` and ``asv run --quick`` on
                                              self-hosted GPU runners, in the image of each matrix entry; gated
                                              like harness' own gpu.yml (push to the default branch, dispatch,
@@ -326,12 +327,21 @@ def reusable_workflows() -> dict[str, str]:
 
 
 def _ci_workflow(project: Project, entry: Entry, harness_requirement: str, branch: str, note: list[str]) -> str:
-    words = ["python", "-m", "pip", "install", ".", requirement_with(harness_requirement, ("test",)), *tox_deps(entry)]
+    """harness-ci.yml: the package, harness and the newest entry's TensorFlow and Keras; on a JAX project harness'
+    jax extra (Keras and CPU JAX) in their place, no TensorFlow."""
+    if project.backend == "jax":
+        words = ["python", "-m", "pip", "install", ".", requirement_with(harness_requirement, ("test", "jax"))]
+        env: dict[str, str] = {}
+    else:
+        words = ["python", "-m", "pip", "install", ".", requirement_with(harness_requirement, ("test",)),
+                 *tox_deps(entry)]
+        env = dict(entry.env)
     install = [" ".join(shlex.quote(w) for w in words)]
     if len("        run: ") + len(install[0]) > _WIDTH:  # a long requirement: a script of several lines
         install = _shell_lines(words, _WIDTH - 10)
     return render_template("harness-ci.yml.j2", **_common(devices=project.devices, entry=entry, branch=branch,
-                                                          install=install, note=note))
+                                                          install=install, note=note, backend=project.backend,
+                                                          env=env))
 
 
 def _gpu_workflow(project: Project, entries: list[Entry], slug: str, branch: str) -> str:

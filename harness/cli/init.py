@@ -33,11 +33,19 @@ or a harness.Workload (docs/user-models.md); NAME defaults to ATTR (or the
 module's last part where ATTR is ``build``). ``--data [NAME=]REF`` gives a
 workload real data (with one ``--model``, an unnamed ``--data`` is its).
 
+``--backend jax`` (harness.toml: ``backend = "jax"``) checks the workloads on Keras 3's JAX
+backend: the generated test runs ``harness check --backend jax`` on JAX CPU devices (method
+towers; no TensorFlow; ``--data`` must return NumPy arrays), and the CPU workflow installs
+``keras-harness[jax]`` instead of TensorFlow. The GPU workflow, the Docker images and tox's
+gpu env still install the matrix' TensorFlow: their checks (``--backend jax`` too) need JAX's
+CUDA build added there by hand; the asv suites are TensorFlow's.
+
 Examples:
     harness init --model mypkg.models:build_classifier
     harness init --model text=mypkg.text:build --data text=mypkg.text:batches --devices 2 --ratios 3 2
     harness init --model mypkg.models:build --dry-run
     harness init --model mypkg.models:build --harness-requirement "keras-harness==0.3.1" --branch trunk
+    harness init --model mypkg.models:build --backend jax --devices 3 --ratios 5 3 2   # Keras 3 on JAX
     harness init                                    # again, after a harness upgrade: from harness.toml
 """
 
@@ -70,7 +78,10 @@ def add_parser(subparsers) -> None:
                    help="devices to split over: GPUs where there are N, else N logical CPUs (default 2)")
     p.add_argument("--ratios", type=float, nargs="+", metavar="R", help="the uneven split, one per device")
     p.add_argument("--methods", nargs="+", choices=["towers", "mirrored"], default=None,
-                   help="harness' parallel methods to check and benchmark (default mirrored)")
+                   help="harness' parallel methods to check and benchmark (default mirrored; on --backend jax towers)")
+    p.add_argument("--backend", choices=["tensorflow", "jax"], default=None,
+                   help="Keras' backend the generated test checks on: tensorflow (default), or jax: Keras 3 on JAX CPU "
+                        "devices, method towers, no TensorFlow (harness.toml: backend)")
     p.add_argument("--emulate", metavar="RATE,...", help="emulated devices for harness run/tune without GPUs")
     p.add_argument("--matrix", nargs="+", metavar="ENTRY", help="docker/matrix.toml entries (default: the newest)")
     p.add_argument("--batch-size", type=int, default=64, help="the benchmarks' global batch (default 64)")
@@ -134,6 +145,8 @@ def config_text(models: dict[str, str], data: dict[str, str], args,
     if args.ratios:
         lines.append(f"ratios = [{', '.join(f'{r:g}' for r in args.ratios)}]")
     lines.append(f"methods = [{', '.join(json.dumps(m) for m in args.methods)}]")
+    if args.backend == "jax":
+        lines.append('backend = "jax"  # Keras 3 on JAX: harness check --backend jax (JAX CPU devices, no TensorFlow)')
     if args.emulate:
         lines.append(f"emulate = {json.dumps(args.emulate)}  # harness calibrate --model: rates this host sustains")
     lines.append(f"matrix = [{', '.join(json.dumps(m) for m in args.matrix)}]  # docker/matrix.toml entries")
@@ -162,8 +175,9 @@ def measure(project, echo=print) -> dict[str, tuple[str, str]]:
 
     out: dict[str, tuple[str, str]] = {}
     for entry in project.workloads:
-        echo(f"harness init: measuring {entry.name} ({entry.model}): harness check on {project.devices} logical "
-             f"CPU devices, methods {', '.join(project.methods)}")
+        kind = "JAX CPU" if project.backend == "jax" else "logical CPU"
+        echo(f"harness init: measuring {entry.name} ({entry.model}): harness check on {project.devices} {kind} "
+             f"devices, methods {', '.join(project.methods)}")
         result = check_workload(project, entry.name)
         rows = [r for r in result.rows if not r.get("baseline")]
         if not rows or any(outcome(r) == "FAIL" for r in rows):
@@ -298,7 +312,7 @@ def _said_why(root: Path, key: str, lead: str) -> str:
     return "kept from harness.toml"
 
 
-_OPTIONS = ("devices", "ratios", "methods", "emulate", "matrix", "data")
+_OPTIONS = ("devices", "ratios", "methods", "emulate", "matrix", "data", "backend")
 
 
 def render(root: Path, args) -> tuple[dict[str, str], str | None]:
@@ -328,12 +342,14 @@ def render(root: Path, args) -> tuple[dict[str, str], str | None]:
                                f"{given[0]} (or give --model for a new configuration)")
         project = parse_config(kept, config)
         args.devices, args.methods, args.matrix = project.devices, list(project.methods), list(project.matrix)
+        args.backend = project.backend
         _settings(root, args, kept)
         text = _with_settings(config.read_text(), args)
         models = {w.name: w.model for w in project.workloads}
     else:
         args.devices = 2 if args.devices is None else args.devices
-        args.methods = args.methods or ["mirrored"]
+        args.backend = args.backend or "tensorflow"
+        args.methods = args.methods or (["towers"] if args.backend == "jax" else ["mirrored"])
         entries = adopt.matrix_entries(args.matrix or [adopt.newest_entry(load_matrix(adopt.MATRIX)).name])
         args.matrix = [e.name for e in entries]
         models = _named(args.model, "--model")
@@ -495,6 +511,7 @@ def run(args) -> int:
     print(f"harness init: recorded  {MANIFEST} (what it wrote: a re-run merges its changes into your edits; commit "
           f"it)\nharness init: harness installed in CI as {args.harness_requirement} ({args.requirement_why}); "
           f"workflows on branch {args.branch} ({args.branch_why})", file=sys.stderr)
-    print(f"harness init: done; next: `pytest tests/test_harness_equivalence.py`, `harness check --model "
+    backend = " --backend jax" if args.backend == "jax" else ""
+    print(f"harness init: done; next: `pytest tests/test_harness_equivalence.py`, `harness check{backend} --model "
           f"{args.first_model}`, `asv run --quick` (add .asv/ to .gitignore)", file=sys.stderr)
     return 0

@@ -6,10 +6,15 @@ batch-dependent layer (a FAIL is never expected: it says so). Then the generated
 the batch-dependent layer and on an exact workload that slipped to "as accurate" (mixed precision turned on after
 init), saying which method, the verdict against what was expected and the command to rerun. About a minute on 2
 cores (six workloads, each checked in its own process, twice): extended.
+
+A JAX adopter (harness.toml: ``backend = "jax"``) gets the same test: it runs each workload's check on 3 JAX CPU
+devices (``harness check --backend jax`` in its own process sets KERAS_BACKEND and the devices before Keras starts),
+with TensorFlow blocked in every process, and fails on the batch-dependent layer.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -130,3 +135,55 @@ def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_pat
     passed, failure = cases["slip"]
     assert not passed and "as accurate as one device" in failure and "-- expected 'exact'" in failure, said
     assert "did NOT come out as expected" in failure, said
+
+
+# First in every Python process of the JAX adopter's test run (on PYTHONPATH, as sitecustomize): TensorFlow blocked,
+# each attempt (not Keras' own probe) written to the file HARNESS_TEST_TF_ATTEMPTS names, with who tried.
+_NO_TF = """
+import os
+from harness.compat import block_tensorflow
+
+
+def _said(name, stack):
+    with open(os.environ["HARNESS_TEST_TF_ATTEMPTS"], "a") as out:
+        out.write(f"{os.getpid()}: {name}\\n" + "".join(stack))
+
+
+block_tensorflow(_said)
+"""
+
+
+def test_a_jax_adopters_generated_test_runs_on_jax_devices_without_tensorflow(tmp_path):
+    pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+    from harness.project import load_project
+
+    repo = tmp_path / "adopter"
+    repo.mkdir()
+    (repo / "models.py").write_text(_MODELS)
+    assert main(["init", str(repo), "--model", "good=models:good", "--model", "centred=models:centred",
+                 "--backend", "jax", "--devices", "3", "--ratios", "5", "3", "2", "--no-measure",
+                 "--harness-requirement", "keras-harness", "--branch", "main"]) == 0
+    config = repo / "harness.toml"  # 2 steps and a partial one: the verdicts, sooner
+    config.write_text(config.read_text().replace("batch-size = 64", "batch-size = 64\ncheck-samples = 42"))
+    assert load_project(repo).backend == "jax"
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    (guard / "sitecustomize.py").write_text(_NO_TF)
+    attempts = tmp_path / "tf-attempts.txt"
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS", "TF_USE_LEGACY_KERAS")}
+    env.update(PYTHONPATH=os.pathsep.join([str(guard), str(root)]), JAX_PLATFORMS="cpu",
+               HARNESS_TEST_TF_ATTEMPTS=str(attempts))
+    report = tmp_path / "generated.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                           "tests/test_harness_equivalence.py", "--junitxml", str(report)],
+                          cwd=repo, capture_output=True, text=True, timeout=900, env=env)
+    said = f"exit {done.returncode}\n{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    assert not attempts.exists(), attempts.read_text()[:4000]
+    assert done.returncode == 1, said
+    cases = {name.split("[")[1].rstrip("]"): result for name, result in _cases(report).items()}
+    assert set(cases) == {"good", "centred"}, said
+    assert cases["good"][0], said
+    passed, failure = cases["centred"]
+    assert not passed and "towers: FAIL" in failure and "expected 'exact'" in failure, said
+    assert "rerun: harness check --backend jax --model models:centred" in failure, said

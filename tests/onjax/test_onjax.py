@@ -35,7 +35,7 @@ PINS = {
     "subclassed": "exact",
     "dropout": "exact",  # with Dropout and GaussianNoise off; named, and different with them on
     "mixed_float16": "as accurate as one device",  # float16 rounding: within the floor of one device
-    "cnn_bn_mixed_float16": "TBD",  # BatchNormalization under mixed_float16 (its statistics in float32)
+    "cnn_bn_mixed_float16": "as accurate as one device",  # BatchNormalization under mixed_float16: float32 moments
     # a sample of the model zoo (harness.bench.zoo), keras-io and applications architectures at CPU size
     "zoo:text_bilstm": "exact",
     "zoo:transformer_encoder": "exact",

@@ -75,13 +75,15 @@ def _project(tmp_path: Path, **changes):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, Path]:
-    """mode (MODES) -> a git repository holding that mode's files."""
+    """mode (MODES) -> a git repository holding that mode's files; and "jax": a Keras 3 on JAX project's (harness.toml:
+    backend = "jax"), steps inline."""
     base = tmp_path_factory.mktemp("adopt")
     project = parse_config(TABLE, base / "harness.toml")
+    jax = parse_config({**TABLE, "backend": "jax", "methods": ["towers"]}, base / "harness.toml")
     roots = {}
-    for mode, options in MODES.items():
+    for mode, options in (*MODES.items(), ("jax", {})):
         root = base / mode
-        for rel, text in adopt.ci_files(project, "My_Pkg", **options).items():
+        for rel, text in adopt.ci_files(jax if mode == "jax" else project, "My_Pkg", **options).items():
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text(text)
         # actionlint finds .github/actionlint.yaml (the `gpu` runner label) at the repository's root.
@@ -233,6 +235,17 @@ def test_ci_installs_the_package_harness_and_the_newest_pins_and_runs_the_equiva
     assert "python -m pip install . 'keras-harness[test]' tensorflow-cpu==2.21.0 keras==3.15.1" in runs
     assert "pytest -p no:cacheprovider -v tests/test_harness_equivalence.py" in runs
     assert job["runs-on"] == "ubuntu-latest" and "env" not in job  # tf221, Keras 3: no TF_USE_LEGACY_KERAS
+
+
+def test_a_jax_project_installs_harness_jax_extra_not_tensorflow(rendered):
+    """harness.toml's backend = "jax": the CPU workflow installs keras-harness[test,jax] (Keras and CPU JAX) and no
+    TensorFlow, and its equivalence test runs harness check --backend jax (the generated test reads harness.toml)."""
+    job = _load(_text(rendered, "jax", "harness-ci.yml"))["jobs"]["equivalence"]
+    runs = _runs(job)
+    assert "python -m pip install . 'keras-harness[test,jax]'" in runs and "tensorflow" not in runs, runs
+    assert "pytest -p no:cacheprovider -v tests/test_harness_equivalence.py" in runs
+    assert "env" not in job  # the legacy entry's TF_USE_LEGACY_KERAS is TensorFlow's
+    assert "--backend jax" in (rendered["jax"] / "tox.ini").read_text()  # its checks, as harness.toml says
 
 
 def test_gpu_runs_the_checks_and_asv_in_each_entry_image_on_self_hosted_gpus(rendered):
@@ -518,7 +531,7 @@ def test_each_file_that_installs_harness_says_where_its_requirement_came_from(re
 def test_every_rendered_workflow_is_valid_yaml(rendered):
     texts = [p.read_text() for root in rendered.values() for p in (root / ".github").rglob("*.y*ml")]
     texts += list(adopt.reusable_workflows().values())
-    assert len(texts) == 4 * 6 + 2
+    assert len(texts) == len(rendered) * 6 + 2
     for text in texts:
         assert isinstance(yaml.safe_load(text), dict), text[:200]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,8 @@ def test_dry_run_prints_every_file_and_writes_none(tmp_path, capsys):
     (["--model", "digits.model:build", "--branch=-x"], "--branch must be a git branch name"),
     (["--model", "digits.model:build", "--harness-requirement", "keras-harness; rm -rf /"], "harness_requirement"),
     (["--devices", "3"], "no harness.toml"),
+    (["--model", "digits.model:build", "--backend", "jax", "--methods", "mirrored"], "methods: must be a list of "
+     "towers on backend \"jax\""),
 ])
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys, argv, said):
     assert main(["init", str(tmp_path), *argv]) == 2
@@ -181,6 +184,48 @@ def test_the_default_requirement_is_this_harness_said_where_it_came_from(tmp_pat
     text = (tmp_path / "harness.toml").read_text()
     assert f"harness-requirement = {json.dumps(spec)}  # how CI installs harness: {why}" in text
     assert load_project(tmp_path).extra["harness-requirement"] == spec
+
+
+def test_a_jax_adopter_gets_backend_jax_towers_and_a_workflow_without_tensorflow(tmp_path, capsys):
+    assert main(["init", str(tmp_path), *MODEL, "--backend", "jax", "--devices", "3", "--ratios", "5", "3", "2",
+                 "--harness-requirement", "keras-harness==0.3.1"]) == 0
+    project = load_project(tmp_path)
+    assert (project.backend, project.methods, project.devices) == ("jax", ("towers",), 3)
+    assert project.check_argv(project.workloads[0])[:3] == ["check", "--backend", "jax"]
+    files = _files(tmp_path)
+    ci = files[".github/workflows/harness-ci.yml"]
+    assert "run: python -m pip install . 'keras-harness[test,jax]==0.3.1'\n" in ci, ci
+    installs = [line for line in ci.splitlines() if "pip install" in line]
+    assert installs and not any("tensorflow" in line or "keras==" in line for line in installs), installs
+    assert "TF_USE_LEGACY_KERAS" not in ci and "env:" not in ci, ci
+    assert "JAX CPU devices" in ci
+    assert "`harness check --backend jax --model digits.model:build`" in capsys.readouterr().err
+    assert main(["init", str(tmp_path)]) == 0  # re-rendered from harness.toml: still JAX
+    assert _files(tmp_path) == files
+    capsys.readouterr()
+    assert main(["init", str(tmp_path), "--backend", "tensorflow"]) == 2  # a re-run's backend is harness.toml's
+    assert "edit it to change --backend" in capsys.readouterr().err
+
+
+def test_the_generated_python_passes_harness_own_ruff_rules(tmp_path):
+    """tests/test_harness_equivalence.py and benchmarks/ as an adopter's ruff sees them (harness a third-party
+    package there), with the rules harness holds its own code to (pyproject.toml's [tool.ruff]); both backends."""
+    from test_workflows import _tool  # the linter, or a skip where the lint extra is absent
+
+    from harness.project import read_toml
+
+    ruff = _tool("ruff")
+
+    config = read_toml(Path(__file__).resolve().parents[2] / "pyproject.toml")["tool"]["ruff"]
+    rules = ["--isolated", "--line-length", str(config["line-length"]), "--target-version", config["target-version"],
+             "--select", ",".join(config["lint"]["select"]), "--ignore", ",".join(config["lint"]["ignore"])]
+    for backend in ("tensorflow", "jax"):
+        repo = tmp_path / backend
+        repo.mkdir()
+        assert main(["init", str(repo), *MODEL, "--backend", backend]) == 0
+        done = subprocess.run([ruff, "check", *rules, "tests", "benchmarks"], cwd=repo, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_with_one_model_an_unnamed_data_is_its(tmp_path):

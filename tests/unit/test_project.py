@@ -63,6 +63,8 @@ def test_even_split_by_default(tmp_path):
     (("batch-size = 32", "batch-size = 0"), "workloads.classifier.batch-size"),
     (("batch-size = 32", "batch_size = 32"), "workloads.classifier.batch_size"),
     (("[workloads.classifier]", '[workloads."my model"]'), "workloads.my model"),
+    (("devices = 2", 'devices = 2\nbackend = "torch"'), "backend"),
+    (("devices = 2", 'devices = 2\nbackend = "jax"'), "methods"),  # mirrored is TensorFlow's
 ])
 def test_a_bad_value_is_one_line_naming_the_file_and_key(tmp_path, edit, key):
     (tmp_path / "harness.toml").write_text(GOOD.replace(*edit))
@@ -95,6 +97,22 @@ def test_check_argv_is_harness_check_with_the_float64_verdict(tmp_path):
     assert parsed.reference == "float64" and parsed.models == ["pkg.models:build"] and parsed.time_steps == 0
     with pytest.raises(InvalidValue, match="no workload 'other'.*configured: classifier"):
         project.workload("other")
+
+
+def test_a_jax_project_checks_with_backend_jax_and_towers(tmp_path):
+    (tmp_path / "harness.toml").write_text(GOOD.replace('methods = ["mirrored", "towers"]\n', 'backend = "jax"\n'))
+    project = load_project(tmp_path)
+    assert project.backend == "jax" and project.methods == ("towers",)  # towers by default on JAX
+    argv = project.check_argv(project.workload("classifier"))
+    assert argv[:7] == ["check", "--backend", "jax", "--model", "pkg.models:build", "--data", "pkg.data:batches"]
+    assert argv[argv.index("--methods") + 1] == "towers"
+    from harness.cli import _parser
+
+    parsed = _parser().parse_args(argv)
+    assert parsed.backend == "jax" and parsed.models == ["pkg.models:build"] and parsed.data == "pkg.data:batches"
+    (tmp_path / "harness.toml").write_text(GOOD)
+    tensorflow = load_project(tmp_path)
+    assert tensorflow.backend == "tensorflow" and "--backend" not in tensorflow.check_argv(tensorflow.workloads[0])
 
 
 def test_loading_imports_no_tensorflow(tmp_path):

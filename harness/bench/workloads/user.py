@@ -209,9 +209,7 @@ class UserWorkload:
         if self._first is None:  # a spare copy of the optimizer, made before any training
             self._first = {**args, "optimizer": copy_optimizer(args["optimizer"]), "keras": keras_module_of(model)}
         if self._plan is None and self.spec.data is None:
-            from harness.parallel.adapters import adapter_for
-
-            self._plan = infer.plan_data(adapter_for(model).io_description(model), args["loss"], self.name)
+            self._plan = infer.plan_data(_reader(model).io_description(model), args["loss"], self.name)
         return model
 
     def compile_args(self, model, keras_module=None) -> dict:
@@ -222,9 +220,8 @@ class UserWorkload:
             InvalidValue: no loss: the model is not compiled, or compiled without one, and the spec gives none.
         """
         from harness.compat import keras_module_of, new_optimizer
-        from harness.parallel.adapters import adapter_for
 
-        given = adapter_for(model).compile_args(model) or {}
+        given = _reader(model).compile_args(model) or {}
         spec = self.spec
         loss = spec.loss if spec.loss is not None else given.get("loss")
         if loss is None:
@@ -352,6 +349,20 @@ class UserWorkload:
         from harness.bench.workloads.userdata import numpy_batches
 
         return numpy_batches(self.training_data(batch_size))
+
+def _reader(model):
+    """What reads ``model``'s compile arguments and inputs: a Keras 3 model on JAX without TensorFlow
+    (``harness.parallel.adapters.keras3io``), any other by its adapter (TensorFlow's)."""
+    from harness.compat import is_keras2_model, on_jax_backend
+
+    if not is_keras2_model(model) and on_jax_backend():
+        from harness.parallel.adapters import keras3io
+
+        return keras3io
+    from harness.parallel.adapters import adapter_for
+
+    return adapter_for(model)
+
 
 def _leaves(tree) -> list:
     if isinstance(tree, dict):

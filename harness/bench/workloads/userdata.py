@@ -11,11 +11,13 @@ NumPy-like arrays ``(x, y)`` (``x`` may be a tuple or dict of arrays, one per mo
 - ``arrays`` gives the first ``samples`` rows as arrays (repeated where the data has fewer),
   for the probes of ``harness tune``, ``harness check`` and time to accuracy's held-out set.
 
-TensorFlow is imported by the functions, never at import.
+TensorFlow is imported by the functions, never at import, and only for a dataset: arrays are read without it.
+On Keras' JAX backend the data must be arrays: a dataset is refused, naming it.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,17 +31,32 @@ _WANT = "a tf.data.Dataset of (x, y) batches, or arrays (x, y)"
 
 
 def _rows(x) -> int:
-    import tensorflow as tf
+    from harness.compat import first_leaf
 
-    first = tf.nest.flatten(x)[0]
-    return int(first.shape[0]) if first.shape[0] is not None else int(tf.shape(first)[0])
+    first = first_leaf(x)
+    if first.shape[0] is not None:
+        return int(first.shape[0])
+    import tensorflow as tf  # a tensor of a dataset whose batch axis is unknown
+
+    return int(tf.shape(first)[0])
+
+
+def _is_dataset(value) -> bool:
+    """Whether ``value`` is a ``tf.data.Dataset``; without importing TensorFlow (only a process that imported it
+    can hold one)."""
+    data = getattr(sys.modules.get("tensorflow"), "data", None)
+    return data is not None and isinstance(value, data.Dataset)
 
 
 def _call(data: Callable[[int], Any], batch_size: int, where: str):
-    import tensorflow as tf
-
     result = data(batch_size)
-    if isinstance(result, tf.data.Dataset):
+    if _is_dataset(result):
+        from harness.compat import on_jax_backend
+
+        if on_jax_backend():
+            raise InvalidValue(f"--data {where!r}: its function returned a tf.data.Dataset ({result!r}); Keras runs "
+                               "on JAX here, where a model's data must be NumPy arrays (x, y) (x may be a tuple or "
+                               "dict of arrays): return the arrays themselves (tf.data is TensorFlow's)")
         return result
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return tuple(result)
@@ -96,13 +113,15 @@ def arrays(data: Callable[[int], Any], samples: int, where: str) -> tuple[Any, A
     """The first ``samples`` rows of ``data`` as NumPy ``(x, y)``, repeated where it has fewer.
 
     Raises:
-        InvalidValue: the data is empty.
+        InvalidValue: the data is empty; a dataset where Keras runs on JAX.
         InvalidType: ``data`` returned something else than ``_WANT``.
     """
-    import tensorflow as tf
+    from harness.compat import map_structure
 
     result = _call(data, samples, where)
-    if isinstance(result, tf.data.Dataset):
+    if _is_dataset(result):
+        import tensorflow as tf
+
         parts, have = [], 0
         for element in result.as_numpy_iterator():
             parts.append((element[0], element[1]))
@@ -113,13 +132,14 @@ def arrays(data: Callable[[int], Any], samples: int, where: str) -> tuple[Any, A
             raise InvalidValue(f"--data {where!r}: its dataset is empty")
         x = tf.nest.map_structure(lambda *a: np.concatenate(a), *[p[0] for p in parts])
         y = tf.nest.map_structure(lambda *a: np.concatenate(a), *[p[1] for p in parts])
+        x, y = _tuples(x), _tuples(y)
     else:
-        x, y = tf.nest.map_structure(np.asarray, _tuples(result))
+        x, y = map_structure(np.asarray, _tuples(result))
     rows = _rows(x)
     if rows == 0:
         raise InvalidValue(f"--data {where!r}: it gave no rows")
     index = np.arange(samples) % rows
-    return tf.nest.map_structure(lambda a: a[index], x), tf.nest.map_structure(lambda a: a[index], y)
+    return map_structure(lambda a: a[index], x), map_structure(lambda a: a[index], y)
 
 
 def head(data, samples: int):

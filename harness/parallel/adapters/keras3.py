@@ -275,13 +275,9 @@ class Keras3Adapter(Adapter):
 
     # -- a user's model as a workload ------------------------------------------------------------------------
     def compile_args(self, model) -> dict | None:
-        # Keras 3.0-3.15: Trainer.compile keeps its arguments in _compile_config (a SerializableDict's .config)
-        config = getattr(model, "_compile_config", None)
-        if not getattr(model, "compiled", False) or config is None:
-            return None
-        given = config.config
-        return {"optimizer": model.optimizer, "loss": model.loss, "loss_weights": given.get("loss_weights"),
-                "metrics": given.get("metrics"), "weighted_metrics": given.get("weighted_metrics")}
+        from harness.parallel.adapters.keras3io import compile_args
+
+        return compile_args(model)
 
     def _io_structs(self, graph) -> tuple:
         return graph._inputs_struct, graph._outputs_struct  # Keras 3.0-3.15 Functional
