@@ -145,6 +145,19 @@ class OwnMoments(keras.layers.BatchNormalization):  # moments of its own: harnes
 bn = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), OwnMoments(), keras.layers.Dense(2)])
 out["batchnorm"] = refused(lambda: harness.parallelize(bn, devices, ratios=[5, 3, 2]))
 out["batchnorm_unsynced"] = refused(lambda: harness.parallelize(bn, devices, sync_batchnorm=False))
+
+class Rematerialised(keras.layers.Layer):  # its BatchNormalization inside jax.checkpoint: the cut cannot reach it
+    def __init__(self):
+        super().__init__()
+        self.norm = keras.layers.BatchNormalization()
+    def call(self, x, training=False):
+        import jax
+        return jax.checkpoint(lambda v: self.norm(v, training=training))(x)
+
+remat = harness.parallelize(keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), Rematerialised(),
+                                              keras.layers.Dense(2)]), devices)
+remat.compile(optimizer="sgd", loss="mse")
+out["batchnorm_in_checkpoint"] = refused(lambda: remat.fit(x, y, batch_size=10, verbose=0))
 out["mirrored"] = refused(lambda: harness.parallelize(build(), devices, method="mirrored"))
 out["jit"] = refused(lambda: harness.parallelize(build(), devices).compile(optimizer="sgd", loss="mse",
                                                                          jit_compile=True))
@@ -185,6 +198,7 @@ def test_fit_evaluate_predict_and_save_equal_one_device_and_refusals_are_named()
     assert (out["batchnorm"], out["mirrored"], out["jit"], out["stateful"], out["own_step"]) == (
         "jax-batchnorm", "jax-method", "jax-jit-compile", "jax-stateful-layer", "custom-train-step"), out
     assert out["batchnorm_unsynced"] is None, out  # per-device statistics: nothing to share
+    assert out["batchnorm_in_checkpoint"] == "jax-batchnorm", out
     assert "cpu:7" in out["bad_device"] and "cpu:0" in out["bad_device"], out["bad_device"]
     assert out["tensorflow"] is False
 
