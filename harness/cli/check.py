@@ -22,7 +22,9 @@ model's rounding floor), refused (harness names what it does not support) or FAI
 and must meet the case's pinned outcome (harness/bench/zoo/outcomes.json;
 ``--pin-outcomes`` rewrites the pins of the cases run); the exit status is 1 if
 any case FAILs, its traceback printed where it raised.
-Progress goes to stderr.
+Progress goes to stderr. With ``--backend jax`` it checks the model zoo's Keras 3 entries
+on JAX devices, method towers, without TensorFlow; their pins are keyed ``jax``, beside
+TensorFlow's (the optimizer axis, mirrored and Keras 2 are TensorFlow's).
 
 ``--workers N`` (or under ``harness launch``, ``TF_CONFIG`` set) checks across N local workers
 of one loopback cluster instead: each worker joins it with its devices
@@ -37,6 +39,7 @@ Examples:
     harness launch --workers 2 --devices-per-worker 1 2 -- harness check --ratios 3 2 1   # the same
     harness check --model models/text.py:build --logical-cpus 2 --ratios 3 2   # your own model
     harness check --backend jax --logical-cpus 3 --ratios 5 3 2   # Keras 3 on JAX, no TensorFlow
+    harness check --backend jax --model mypkg.model:build --data mypkg.data:arrays   # your own model on JAX
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ def add_parser(subparsers) -> None:
                         "its compiled loss, optimizer and metrics (docs/user-models.md)")
     p.add_argument("--data", metavar="MODULE:ATTR",
                    help="your models' data (with --models MODULE:ATTR): a function (batch_size) -> tf.data.Dataset of "
-                        "(x, y) batches, or -> arrays (x, y); default: batches made up from their inputs and loss")
+                        "(x, y) batches, or -> arrays (x, y) (on --backend jax arrays only: tf.data is TensorFlow's); "
+                        "default: batches made up from their inputs and loss")
     p.add_argument("--methods", nargs="+", choices=[*PARALLEL_METHODS, "keras"], default=None,
                    help="towers, mirrored (default both; across workers mirrored only) and keras: the stock "
                         "baseline, Keras fit under a stock "
@@ -103,7 +107,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--backend", choices=["tensorflow", "jax"], default="tensorflow",
                    help="tensorflow (default), or jax: Keras 3 on JAX devices without TensorFlow (--logical-cpus N JAX "
                         "CPU devices, or --devices gpu:0 cpu:0 ...), method towers, judged the same way; step timing, "
-                        "the stock baseline, --workers and --zoo are TensorFlow's (docs/jax.md)")
+                        "the stock baseline, --workers and the zoo's optimizer axis are TensorFlow's (docs/jax.md)")
     p.add_argument("--workers", type=int, metavar="N",
                    help="check across N local worker processes of one loopback cluster (harness launch)")
     p.add_argument("--devices-per-worker", type=int, nargs="+", metavar="N",
@@ -204,13 +208,13 @@ def _on_jax(args) -> None:
     from harness.bench import jaxbench
 
     if args.zoo:
-        raise InvalidValue("--zoo: the model zoo runs on TensorFlow; on --backend jax check --models (docs/jax.md)")
+        _zoo_on_jax(args)
     if args.methods and "keras" in args.methods:
         raise InvalidValue("--methods keras: the stock baseline is Keras fit under TensorFlow's MirroredStrategy; "
                            "on --backend jax the methods are towers (mirrored is refused by name)")
     jaxbench.select_backend()
     args.methods = args.methods or ["towers"]
-    if args.time_steps:
+    if args.time_steps and not args.zoo:  # (the zoo times nothing: its tables alone on stdout)
         _say(args, "step time: not measured on --backend jax (harness compare --backend jax measures samples/s)")
         args.time_steps = 0
 
@@ -298,7 +302,7 @@ def _equivalence(args, devices, ratios) -> list[dict]:
 
     def drawing(build) -> list[str]:
         if build not in known:
-            from harness.compat import random_layers
+            from harness.randomness import random_layers
 
             known[build] = list(random_layers(build()))
         return known[build]
@@ -430,6 +434,22 @@ def _per(times, single: float, width: int) -> str:
     return f"{times.median / single:>{width}.2f}" if times else f"{'-':>{width}}"
 
 
+def _zoo_on_jax(args) -> None:
+    """``--zoo --backend jax``: the model zoo's Keras 3 entries, method towers (docs/zoo.md); what is TensorFlow's is
+    refused by name: mirrored (no rows of a method that cannot run), Keras 2, the optimizer axis."""
+    if args.keras != "3":
+        raise InvalidValue(f"--keras {args.keras}: on --backend jax the zoo runs Keras 3 (Keras 2 is tf-keras, on "
+                           "TensorFlow)")
+    axis = [flag for flag, chosen in (("--zoo-optimizers", args.zoo_optimizers), ("--zoo-options", args.zoo_options),
+                                      ("--zoo-axis-models", args.zoo_axis_models)) if chosen]
+    if axis:
+        raise InvalidValue(f"{axis[0]}: the optimizer axis runs on TensorFlow; on --backend jax --zoo checks the "
+                           "model zoo (--zoo-models)")
+    if args.methods and set(args.methods) - {"towers"}:
+        raise InvalidValue(f"--methods {' '.join(args.methods)}: on --backend jax the zoo checks method towers "
+                           "(mirrored is TensorFlow's MirroredStrategy)")
+
+
 def _zoo(args) -> int:
     from harness.bench import zoo
 
@@ -471,10 +491,10 @@ def _zoo_rows(args) -> tuple[list, str]:
     from harness.bench import zoo
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ log noise out of the progress lines
-    generations = _generations(args.keras)
+    generations = [zoo.ON_JAX] if args.backend == "jax" else _generations(args.keras)
     devices = _devices(args)
-    print(f"zoo on {devices}, Keras {' and '.join(generations)}, tol {args.tol:g} and a float64 reference",
-          file=sys.stderr, flush=True)
+    print(f"zoo on {devices}, Keras {' and '.join(map(zoo.keras_label, generations))}, tol {args.tol:g} and a "
+          "float64 reference", file=sys.stderr, flush=True)
 
     def progress(row, done: int, total: int) -> None:
         setting = f" {row.optimizer}" if row.optimizer else ""
@@ -487,26 +507,30 @@ def _zoo_rows(args) -> tuple[list, str]:
         if args.zoo_models or not axis_chosen:
             rows += zoo.run_zoo(args.zoo_models, methods=args.methods, splits=args.zoo_splits, keras=keras,
                                 fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
-        if axis_chosen or not args.zoo_models:
+        if (axis_chosen or not args.zoo_models) and keras != zoo.ON_JAX:  # the axis is TensorFlow's
             rows += zoo.run_optimizer_axis(args.zoo_axis_models, args.zoo_optimizers, args.zoo_options,
                                            methods=args.methods, splits=args.zoo_splits or ["3:2"], keras=keras,
                                            fast_only=args.fast, progress=progress, devices=devices, tol=args.tol)
-    return rows, _stamp(devices)
+    return rows, _stamp(devices, args.backend)
 
 
-def _stamp(devices: list[str]) -> str:
-    """Where a zoo overview came from: the command, harness' commit (dirty or not), the versions, the devices."""
+def _stamp(devices: list[str], backend: str = "tensorflow") -> str:
+    """Where a zoo overview came from: the command, harness' commit (dirty or not), the versions, the devices (on
+    JAX: JAX's version, TensorFlow neither imported nor named)."""
     import datetime
+    from importlib import metadata
 
     from harness.bench.environment import fingerprint
 
-    fp = fingerprint(import_tf=True)
+    on_jax = backend == "jax"
+    fp = fingerprint(import_tf=not on_jax)
     found = fp["harness"]
     commit = "not a git checkout" if not found["git_commit"] else (
         f"commit {found['git_commit'][:12]}" + (" with uncommitted changes" if found["git_dirty"] else ""))
-    return (f"`harness {' '.join(sys.argv[1:])}` at {commit}, TensorFlow {fp['tensorflow']['version']}, "
-            f"keras {fp['keras']['keras_package'] or '-'}, tf-keras {fp['keras']['tf_keras_package'] or '-'}, "
-            f"{len(devices)} devices ({', '.join(devices)}), "
+    stack = (f"keras {fp['keras']['keras_package'] or '-'} on JAX {metadata.version('jax')}" if on_jax else
+             f"TensorFlow {fp['tensorflow']['version']}, keras {fp['keras']['keras_package'] or '-'}, tf-keras "
+             f"{fp['keras']['tf_keras_package'] or '-'}")
+    return (f"`harness {' '.join(sys.argv[1:])}` at {commit}, {stack}, {len(devices)} devices ({', '.join(devices)}), "
             f"{datetime.date.today().isoformat()}.")
 
 

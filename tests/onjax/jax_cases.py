@@ -5,7 +5,7 @@ float64 reference and the rounding floor, random layers compared both ways) on 3
 line per case: its verdict at tol 1e-6, or the reason id of its refusal (the parallel float64 run and the floor only
 where the float32 runs differ by more than tol, as ``harness check`` does). The models are the TensorFlow suite's own
 (tests/parallel/keras_models.py, test_conformance.py, harness.bench.workloads.small), built with Keras 3 on JAX.
-``--plant NAME`` runs them with a planted defect of the JAX towers (``PLANTS``).
+``--plant NAME`` runs them with a planted defect of the JAX towers (``_plant``); ``--ratios 7:2:1`` another split.
 """
 
 from __future__ import annotations
@@ -183,10 +183,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("cases", nargs="+", choices=list(CASES))
     parser.add_argument("--plant")
+    parser.add_argument("--ratios", default="5:3:2", help="the split, e.g. 7:2:1 (a zoo batch of 10: one row on one)")
     args = parser.parse_args()
     if args.plant:
         _plant(args.plant)
-    rows = [judge(name) for name in args.cases]
+    ratios = tuple(float(r) for r in args.ratios.split(":"))
+    rows = [{**judge(name, ratios), "ratios": list(ratios)} for name in args.cases]
     rows.append({"tensorflow_imported": "tensorflow" in sys.modules, "keras_backend": keras.backend.backend(),
                  "devices": [str(d) for d in DEVICES]})
     print(json.dumps(rows))

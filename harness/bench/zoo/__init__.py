@@ -6,6 +6,8 @@ method x split with ``harness.compare_training`` and returns one ``ZooRow`` per 
 ``text_table``, ``markdown`` and ``to_json`` print. ``run_optimizer_axis`` checks the optimizer axis
 (``harness.bench.zoo.optimizers``: every built-in optimizer x the options people train with, on a
 dense model and a causal language model). ``harness check --zoo`` is the command line.
+``run_zoo(keras="jax")`` (``ON_JAX``) checks Keras 3's entries on its JAX backend, method towers, without
+TensorFlow (``harness check --zoo --backend jax``); their pins are keyed ``"jax"``, beside TensorFlow's.
 Importing this package does not import TensorFlow or Keras.
 
 Example:
@@ -16,9 +18,9 @@ Example:
     >>> print(zoo.text_table(rows))
 """
 
-from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, keras_module, select
+from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, ON_JAX, keras_module, select
 from harness.bench.zoo.entry import ZooEntry
-from harness.bench.zoo.render import from_json, markdown, overview, summary, text_table, to_json
+from harness.bench.zoo.render import from_json, keras_label, markdown, overview, summary, text_table, to_json
 from harness.bench.zoo.runner import (
     KINDS,
     METHODS,
@@ -26,13 +28,14 @@ from harness.bench.zoo.runner import (
     ZooRow,
     count,
     kind_of,
+    methods_of,
     run_case,
     run_optimizer_axis,
     run_zoo,
     status_of_error,
 )
 
-__all__ = ["CATALOG", "NAMES", "GENERATIONS", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
-           "keras_module", "run_zoo", "run_optimizer_axis",
+__all__ = ["CATALOG", "NAMES", "GENERATIONS", "ON_JAX", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
+           "keras_module", "methods_of", "run_zoo", "run_optimizer_axis",
            "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
-           "to_json", "from_json", "summary", "overview"]
+           "to_json", "from_json", "summary", "overview", "keras_label"]

@@ -136,16 +136,16 @@ def classes_of(k) -> SimpleNamespace:
 @cache
 def clipped_step_class(k):
     """Keras guide "Customizing what happens in fit()": its own train_step (here clipping gradients), on
-    TensorFlow's tape (made on first use: the other classes need no TensorFlow, so they build on Keras 3's JAX
-    backend too)."""
+    TensorFlow's tape (imported when the step runs: the model builds on Keras 3's JAX backend too, where
+    ``harness.parallelize`` refuses its step by name, ``custom-train-step``, before it runs)."""
     return _clipped_step_keras3(k) if is_keras3(k) else _clipped_step_keras2(k)
 
 
 def _clipped_step_keras3(k):
-    import tensorflow as tf
-
     class ClippedStep(k.Model):
         def train_step(self, data):
+            import tensorflow as tf
+
             x, y = data[0], data[1]
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)

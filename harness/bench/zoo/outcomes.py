@@ -7,6 +7,9 @@ beside this module (or the file ``HARNESS_ZOO_PINS`` names), written from a run 
 --zoo --pin-outcomes`` (cases not run keep their pins) and read as they are; a case not pinned
 there must be exact.
 
+Keras 3 on JAX has pins of its own beside TensorFlow's: their ``keras`` is ``"jax"``
+(``mobilenet_v2|jax|towers|3:2|``), so that neither backend's run is held to, or re-pins, the other's.
+
 A row meets its pin when it is the pinned kind, or ``exact`` where ``as accurate as one device``
 is pinned (closer than required). Anything else is a FAIL row: an exact case that turns ``as
 accurate`` or is refused, a refusal with another reason, a refused case that trains, an error.
@@ -43,7 +46,8 @@ def pins_path() -> Path:
     """The pins in use: the file ``HARNESS_ZOO_PINS`` names, else ``PINS``."""
     return Path(os.environ.get("HARNESS_ZOO_PINS") or PINS)
 
-Key = tuple[str, str, str, str, str]  # model, keras ("3"/"2"), method, split, optimizer label ("" in the model zoo)
+# model, keras ("3"/"2" on TensorFlow, "jax": Keras 3 on JAX), method, split, optimizer label ("" in the model zoo)
+Key = tuple[str, str, str, str, str]
 _OUTCOMES = ("exact", "as accurate as one device")
 _AS_ACCURATE = _OUTCOMES[1]
 # An "as accurate" case FAILs at more than this many times the floor multiple pinned for it.

@@ -6,9 +6,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
+from harness.bench.zoo.catalog import ON_JAX
 from harness.bench.zoo.runner import KINDS, METHODS, SPLITS, ZooRow, count, finite, kind_of
 
-__all__ = ["text_table", "markdown", "to_json", "from_json", "summary", "overview"]
+__all__ = ["text_table", "markdown", "to_json", "from_json", "summary", "overview", "keras_label"]
+
+
+def keras_label(keras: str) -> str:
+    """A row's ``keras`` as tables show it: ``"3"``, ``"2"``, and ``"3 on JAX"`` for Keras 3 on JAX (``ON_JAX``; the
+    pins and the JSON keep ``"jax"``)."""
+    return "3 on JAX" if keras == ON_JAX else keras
 
 # floor: the rounding floor (one device vs one device in other summation orders: harness.equivalence.FLOOR_ORDERS,
 # in the run's own precision); f64: distance from
@@ -27,7 +34,7 @@ def _cells(row: ZooRow, header: tuple[str, ...]) -> tuple[str, ...]:
         return "-" if value is None else f"{value:.2e}"
 
     label = (row.optimizer or "-",) if "optimizer" in header else ()
-    return (row.model, *label, row.keras, row.method, row.split, figure(row.max_deviation),
+    return (row.model, *label, keras_label(row.keras), row.method, row.split, figure(row.max_deviation),
             figure(row.loss_deviation), figure(row.floor), figure(row.reference_single), figure(row.reference_parallel),
             figure(row.reference_exact), f"{row.seconds:.1f}", row.status)
 
@@ -53,8 +60,8 @@ def text_table(rows: Sequence[ZooRow]) -> str:
 
 def _tracebacks(rows: Sequence[ZooRow]) -> list[str]:
     """The whole traceback of each case that raised something other than a refusal."""
-    return [f"\n{r.model} ({r.optimizer + ', ' if r.optimizer else ''}Keras {r.keras}, {r.method}, {r.split}) "
-            f"raised:\n{r.traceback.rstrip()}" for r in rows if r.traceback]
+    return [f"\n{r.model} ({r.optimizer + ', ' if r.optimizer else ''}Keras {keras_label(r.keras)}, {r.method}, "
+            f"{r.split}) raised:\n{r.traceback.rstrip()}" for r in rows if r.traceback]
 
 
 def markdown(rows: Sequence[ZooRow]) -> str:
@@ -128,7 +135,7 @@ def overview(rows: Sequence[ZooRow], stamp: str = "") -> str:
             multiples = [m for m in (finite(r.floor_multiple) for r in own) if m is not None]
             worst = f"{max(devs):.1e}" if devs else "-"
             multiple = f"{max(multiples):.2g}" if multiples else "-"
-            lines.append(f"| {model} | {keras} | {sources.get(model, '-')} | " + " | ".join(cells)
+            lines.append(f"| {model} | {keras_label(keras)} | {sources.get(model, '-')} | " + " | ".join(cells)
                          + f" | {worst} | {multiple} |")
         lines.append("")
     axis = [r for r in rows if r.optimizer]

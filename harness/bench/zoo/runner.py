@@ -22,18 +22,23 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.bench.zoo.catalog import keras_module, select
+from harness.bench.zoo.catalog import ON_JAX, keras_module, select
 from harness.bench.zoo.entry import ZooEntry, is_keras3
 from harness.equivalence import VERDICTS
 from harness.errors import InvalidValue, Refused, Unavailable
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_optimizer_axis", "run_case", "status_of_error",
-           "kind_of", "count"]
+           "kind_of", "count", "methods_of"]
 
 SPLITS: dict[str, tuple[int, ...]] = {"even": (1, 1), "3:2": (3, 2), "5:3:2": (5, 3, 2)}
 METHODS = PARALLEL_METHODS
+_JAX_METHODS = ("towers",)  # on Keras' JAX backend; mirrored is TensorFlow's MirroredStrategy
 
+
+def methods_of(keras: str) -> tuple[str, ...]:
+    """The methods the zoo checks on ``keras``: towers and mirrored on TensorFlow, towers on JAX (``ON_JAX``)."""
+    return _JAX_METHODS if keras == ON_JAX else METHODS
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class ZooRow:
     """One conformance case: a model on one Keras, one method, one split."""
 
     model: str
-    keras: str  # "3" or "2"
+    keras: str  # "3" or "2" (on TensorFlow), or "jax" (Keras 3 on JAX)
     method: str
     split: str  # a key of SPLITS
     status: str  # a verdict ("exact", "as accurate as one device"), "refused: <reason id>: ...", "FAIL: ..."
@@ -64,7 +69,7 @@ class ZooRow:
 
 def run_zoo(
     names: Sequence[str] | None = None,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] | None = None,
     splits: Sequence[str] | None = None,
     keras: str = "3",
     fast_only: bool = False,
@@ -77,21 +82,24 @@ def run_zoo(
 
     Args:
         names: zoo entries (default all that apply to ``keras``).
-        methods: ``"towers"``, ``"mirrored"``.
+        methods: ``"towers"``, ``"mirrored"`` (default ``methods_of(keras)``: both on TensorFlow, towers on JAX).
         splits: keys of ``SPLITS`` (default all): even on 2 devices, 3:2, and 5:3:2 on 3.
-        keras: ``"3"`` (``keras``) or ``"2"`` (``tf_keras``, or TF 2.15's ``keras``).
+        keras: ``"3"`` (``keras``) or ``"2"`` (``tf_keras``, or TF 2.15's ``keras``) on TensorFlow; ``"jax"``:
+            Keras 3 on its JAX backend (``KERAS_BACKEND=jax``; no TensorFlow).
         fast_only: only the entries of the fast subset.
         reference: ``"float64"`` to judge drift against a float64 run; None for the 1e-6 rule alone.
         progress: called after each case with ``(row, cases done, cases in all)``.
         devices: at least as many devices as the largest split (default: the first 3 GPUs, or
-            logical CPUs without GPUs; ``harness.use_logical_devices(3)`` must have run then).
+            logical CPUs without GPUs; ``harness.use_logical_devices(3)`` must have run then; on JAX its devices:
+            ``harness.use_jax_cpu_devices(3)``).
         tol: what counts as exact.
 
     Returns:
         One ``ZooRow`` per case, in catalog order.
 
     Raises:
-        ValueError: unknown names, methods or splits; a Keras generation not installed; too few devices.
+        ValueError: unknown names, methods or splits (mirrored on JAX); a Keras generation not installed, or Keras
+            on another backend than ``keras`` says; too few devices.
 
     Example:
         >>> harness.use_logical_devices(3)
@@ -100,10 +108,11 @@ def run_zoo(
     """
     entries = select(names, keras, fast_only)
     splits = list(SPLITS) if splits is None else list(splits)
-    _check(methods, splits)
+    methods = methods_of(keras) if methods is None else methods
+    _check(methods, splits, keras)
     k = keras_module(keras)
     return _run([(e, "", reference) for e in entries], k, keras, methods, splits,
-                _devices(devices, _needed(splits)), tol, progress)
+                _devices(devices, _needed(splits), keras), tol, progress)
 
 
 def run_optimizer_axis(
@@ -124,25 +133,30 @@ def run_optimizer_axis(
     ``optimizer/option``. Arguments as ``run_zoo``'s; ``models``, ``optimizers`` and ``options`` default to all.
 
     Raises:
-        ValueError: unknown names, methods or splits; a Keras generation not installed; too few devices.
+        ValueError: unknown names, methods or splits; a Keras generation not installed; too few devices;
+            ``keras="jax"`` (the axis runs on TensorFlow).
 
     Example:
         >>> rows = run_optimizer_axis(["causal_lm"], ["adam"], ["global_clipnorm"], splits=["5:3:2"])
     """
     from harness.bench.zoo import optimizers as axis
 
+    if keras == ON_JAX:
+        raise InvalidValue(f"the optimizer axis runs on TensorFlow (keras '3' or '2'); got keras={keras!r}")
     splits = list(splits)
-    _check(methods, splits)
+    _check(methods, splits, keras)
     k = keras_module(keras)
     found = axis.cases(k, models, optimizers, options, fast_only)
     return _run([(case.entry, case.label, reference if case.float64 else None) for case in found], k, keras,
-                methods, splits, _devices(devices, _needed(splits)), tol, progress)
+                methods, splits, _devices(devices, _needed(splits), keras), tol, progress)
 
 
-def _check(methods: Sequence[str], splits: Sequence[str]) -> None:
-    bad = [m for m in methods if m not in METHODS] + [s for s in splits if s not in SPLITS]
+def _check(methods: Sequence[str], splits: Sequence[str], keras: str) -> None:
+    allowed = methods_of(keras)
+    bad = [m for m in methods if m not in allowed] + [s for s in splits if s not in SPLITS]
     if bad:
-        raise InvalidValue(f"unknown methods or splits {bad}; methods {list(METHODS)}, splits {list(SPLITS)}")
+        raise InvalidValue(f"unknown methods or splits {bad}; methods {list(allowed)} (on keras {keras!r}), splits "
+                           f"{list(SPLITS)}")
 
 
 def _needed(splits: Sequence[str]) -> int:
@@ -172,10 +186,15 @@ def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, met
     return rows
 
 
-def _devices(devices: Sequence[str] | None, needed: int) -> list[str]:
-    from harness.devices import resolve_devices
+def _devices(devices: Sequence[str] | None, needed: int, keras: str) -> list[str]:
+    if keras == ON_JAX:  # JAX's devices by harness' names (cpu:0, gpu:1), TensorFlow not imported
+        from harness.parallel.jax import device_name, resolve_jax_devices
 
-    names = resolve_devices(needed if devices is None else list(devices))
+        names = [device_name(d) for d in resolve_jax_devices(needed if devices is None else list(devices))]
+    else:
+        from harness.devices import resolve_devices
+
+        names = resolve_devices(needed if devices is None else list(devices))
     if len(names) < needed:
         raise Unavailable(f"the splits need {needed} devices; got {len(names)}: {names}")
     return names
@@ -273,13 +292,15 @@ def _message(err: BaseException, limit: int = 300) -> str:
 @contextlib.contextmanager
 def _full_tracebacks(k) -> Iterator[None]:
     # Keras and TensorFlow drop their own frames from tracebacks; an error raised inside Keras would
-    # then seem to come from harness's call into it. Whole tracebacks tell who raised.
-    import tensorflow as tf
-
+    # then seem to come from harness's call into it. Whole tracebacks tell who raised. (On JAX there is no
+    # TensorFlow to ask: Keras' filter alone.)
     restore = []
-    if tf.debugging.is_traceback_filtering_enabled():
-        tf.debugging.disable_traceback_filtering()
-        restore.append(tf.debugging.enable_traceback_filtering)
+    if not (is_keras3(k) and k.backend.backend() == "jax"):
+        import tensorflow as tf
+
+        if tf.debugging.is_traceback_filtering_enabled():
+            tf.debugging.disable_traceback_filtering()
+            restore.append(tf.debugging.enable_traceback_filtering)
     if is_keras3(k) and k.config.is_traceback_filtering_enabled():
         k.config.disable_traceback_filtering()
         restore.append(k.config.enable_traceback_filtering)

@@ -13,7 +13,8 @@
 
 Each class is written once with TensorFlow ops (Keras 3 here runs on TensorFlow), per Keras module; where the
 generations differ (``compute_loss``' signature, Keras 3's ``compute_loss`` vs Keras 2's ``compiled_loss``) the
-class asks ``is_keras3``.
+class asks ``is_keras3``. TensorFlow is imported by the steps themselves, when one runs: the models build on Keras
+3's JAX backend too, where ``harness.parallelize`` refuses their steps by name (``custom-train-step``) before any runs.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ FEATURES, LATENT = 12, 2
 @cache
 def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, defined together per Keras module
     """The custom-step model classes of Keras module ``k`` (defined on first use, then reused)."""
-    import tensorflow as tf
-
     keras3 = is_keras3(k)
     dense = k.layers.Dense
 
@@ -65,6 +64,8 @@ def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, d
             return self.decoder(self.encoder(x)[:, : self.latent])
 
         def train_step(self, data):
+            import tensorflow as tf
+
             x, eps = data[0]
             with tf.GradientTape() as tape:
                 h = self.encoder(x)
@@ -116,6 +117,8 @@ def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, d
             self.loss_fn = loss if loss is not None else k.losses.BinaryCrossentropy(from_logits=True)
 
         def train_step(self, data):
+            import tensorflow as tf
+
             real, z = data[0]
             n = tf.shape(real)[0]
             fake = self.generator(z)
@@ -163,6 +166,8 @@ def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, d
             return self.student(x)
 
         def train_step(self, data):
+            import tensorflow as tf
+
             x, y = data[0], data[1]
             teacher_predictions = self.teacher(x, training=False)
             with tf.GradientTape() as tape:
@@ -187,6 +192,8 @@ def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, d
             self.aux_tracker = k.metrics.Mean(name="aux_loss")
 
         def compute_loss(self, *args, **kwargs):
+            import tensorflow as tf
+
             loss = super().compute_loss(*args, **kwargs)
             y_pred = kwargs["y_pred"] if "y_pred" in kwargs else args[2]
             aux = 0.01 * tf.reduce_mean(tf.reduce_sum(tf.square(y_pred), axis=1))
@@ -206,6 +213,8 @@ def step_classes(k) -> SimpleNamespace:  # noqa: C901 - one class per pattern, d
             return [self.loss_tracker, self.mae_metric]
 
         def train_step(self, data):
+            import tensorflow as tf
+
             x, y = data[0], data[1]
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)
