@@ -51,8 +51,8 @@ import sys
 
 from harness.bench.workloads import FORMS
 from harness.bench.workloads.small import EQUIVALENCE_MODELS
+from harness.bench.zoo import ALL_SPLITS as ZOO_SPLITS
 from harness.bench.zoo import NAMES as ZOO_MODELS
-from harness.bench.zoo import SPLITS as ZOO_SPLITS
 from harness.bench.zoo.optimizers import MODELS as AXIS_MODELS
 from harness.bench.zoo.optimizers import OPTIMIZERS as AXIS_OPTIMIZERS
 from harness.bench.zoo.optimizers import OPTIONS as AXIS_OPTIONS
@@ -118,7 +118,7 @@ def add_parser(subparsers) -> None:
     zoo.add_argument("--zoo-models", nargs="+", choices=ZOO_MODELS, metavar="NAME",
                      help=f"zoo models to check (default all): {', '.join(ZOO_MODELS)}")
     zoo.add_argument("--zoo-splits", nargs="+", choices=list(ZOO_SPLITS), metavar="SPLIT",
-                     help=f"splits to check (default all): {', '.join(ZOO_SPLITS)}")
+                     help=f"splits to check (default all): {', '.join(ZOO_SPLITS)} (7:2:1 on --backend jax)")
     zoo.add_argument("--zoo-optimizers", nargs="+", choices=list(AXIS_OPTIMIZERS), metavar="NAME",
                      help=f"optimizer axis: optimizers to check (default all): {', '.join(AXIS_OPTIMIZERS)}")
     zoo.add_argument("--zoo-options", nargs="+", choices=list(AXIS_OPTIONS), metavar="OPTION",

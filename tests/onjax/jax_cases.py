@@ -78,27 +78,6 @@ def _own(build, loss="sparse_categorical_crossentropy", optimizer="adam", policy
     return case
 
 
-def _zoo(name):
-    def case():
-        from harness.bench.zoo import CATALOG
-
-        entry = next(e for e in CATALOG if e.name == name)
-        x, y, sample_weight = entry.data()
-        spec = dict(build=lambda: entry.build(keras), x=x, y=y, loss=entry.loss(keras),
-                    optimizer=lambda: entry.optimizer(keras), metrics=entry.metrics(keras) if entry.metrics else None,
-                    sample_weight=sample_weight, class_weight=entry.class_weight, batch_size=entry.batch_size,
-                    epochs=entry.epochs, validation_data=(x, y) if entry.validation else None)
-        if entry.loss_weights is not None:
-            spec["loss_weights"] = entry.loss_weights
-        return spec
-    return case
-
-
-# A sample of the model zoo (harness.bench.zoo): keras-io and applications architectures at CPU size.
-ZOO_SAMPLE = ["text_bilstm", "transformer_encoder", "seq2seq_masked", "siamese", "multi_io_dict",
-              "imbalanced_class_weight", "subclassed_no_gradient", "timeseries_fcn", "softmax_cnn",
-              "mobilenet_v3_small"]  # (custom_train_step: its step is TensorFlow code)
-
 CASES = {
     # harness check's models (harness.bench.workloads.small), at its defaults: 62 samples at batch 20 (last batch 2)
     "dense": _small("dense", optimizer="adam"),
@@ -120,7 +99,6 @@ CASES = {
     "dropout": _own(_dropout, loss="logits"),
     "mixed_float16": _own(_mixed, loss="logits", policy="mixed_float16"),
     "cnn_bn_mixed_float16": _own(_mixed_bn, loss="logits", policy="mixed_float16", data="cnn_bn"),
-    **{f"zoo:{name}": _zoo(name) for name in ZOO_SAMPLE},
 }
 
 
@@ -183,7 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("cases", nargs="+", choices=list(CASES))
     parser.add_argument("--plant")
-    parser.add_argument("--ratios", default="5:3:2", help="the split, e.g. 7:2:1 (a zoo batch of 10: one row on one)")
+    parser.add_argument("--ratios", default="5:3:2", help="the split, e.g. 7:2:1")
     args = parser.parse_args()
     if args.plant:
         _plant(args.plant)

@@ -38,9 +38,10 @@ def test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_s
     _exact(row)
 
 
-@pytest.mark.extended  # ~3 min; the quick test above covers the cut, the combination and its backward pass
+@pytest.mark.extended  # ~2 min; the quick test above covers the cut, the combination and its backward pass
 def test_every_batchnorm_form_equals_one_device_at_uneven_splits():
-    rows = _rows("resnet_block", "channels_first", "masked", "frozen_base", "renorm", "--ratios", "7:2:1", "5:3:2")
+    # At 7:2:1, the split with a one-row shard (5:3:2: the pinned cases of test_onjax.py and the JAX zoo).
+    rows = _rows("resnet_block", "channels_first", "masked", "frozen_base", "renorm", "--ratios", "7:2:1")
     for row in rows:
         _exact(row, float32=2e-6)  # measured: at most 1.1e-6 (resnet_block, SGD 0.1 with momentum, 6 steps)
     frozen = [row for row in rows if row["case"] == "frozen_base"]

@@ -158,10 +158,10 @@ def test_a_sub_batches_step_is_the_whole_batch_step_in_float64():
     assert out["weights"] < 1e-12 and out["loss"] < 1e-12, out
 
 
-# Keras' own float64 on JAX: result_type keeps float64 (a test-only switch of Keras' table; harness changes nothing).
+# Keras' type promotion keeps float64 on JAX for the rest of the process, as compare_training's float64 runs do.
 _TRUE_FLOAT64 = """
-from keras.src.backend.common import dtypes as keras_dtypes
-keras_dtypes.BIT64_TO_BIT32_DTYPE["float64"] = "float64"
+from harness.parallel.adapters.jaxtrainer import float64_promoted
+float64_promoted().__enter__()
 """
 
 
@@ -173,8 +173,9 @@ def test_the_sum_is_the_batch_gradient_for_masks_embeddings_and_batchnorm():
     # sparse to keep apart. BatchNormalization in training (whole-batch statistics): Keras 3.15 computes it in float32
     # on JAX whatever its input (BatchNormalization.call: backend.result_type(inputs.dtype, "float32"), and
     # result_type maps float64 to float32 on every backend but TensorFlow), and so does ops.tanh (the GRU's): so that
-    # the float64 runs are float64, this process turns that mapping off (measured with it on: BatchNormalization
-    # 8.6e-8, float32's rounding; off: 1.9e-16). Measured: masked 5.6e-17, embedding 6.9e-18.
+    # the float64 runs are float64, this process keeps float64 as compare_training's float64 runs do
+    # (float64_promoted; measured without it: BatchNormalization 8.6e-8, float32's rounding; with it: 1.9e-16).
+    # Measured: masked 5.6e-17, embedding 6.9e-18.
     out = _run(_TRUE_FLOAT64 + "NAMES = ['masked', 'embedding', 'cnn_bn']\n" + _EXACT + """
 model = embedding()
 grads = jax.grad(lambda t: model.stateless_call(t, [], DATA['embedding'][0])[0].sum())(

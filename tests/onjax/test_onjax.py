@@ -36,17 +36,6 @@ PINS = {
     "dropout": "exact",  # with Dropout and GaussianNoise off; named, and different with them on
     "mixed_float16": "as accurate as one device",  # float16 rounding: within the floor of one device
     "cnn_bn_mixed_float16": "as accurate as one device",  # BatchNormalization under mixed_float16: float32 moments
-    # a sample of the model zoo (harness.bench.zoo), keras-io and applications architectures at CPU size
-    "zoo:text_bilstm": "exact",
-    "zoo:transformer_encoder": "exact",
-    "zoo:seq2seq_masked": "exact",
-    "zoo:siamese": "exact",
-    "zoo:multi_io_dict": "exact",
-    "zoo:imbalanced_class_weight": "exact",
-    "zoo:subclassed_no_gradient": "exact",  # a weight without a gradient
-    "zoo:timeseries_fcn": "as accurate as one device",  # Adam on a bias before BatchNormalization
-    "zoo:softmax_cnn": "exact",
-    "zoo:mobilenet_v3_small": "exact",
 }
 QUICK = ["dense", "cnn_bn"]  # the rest in the extended test below
 
@@ -77,12 +66,7 @@ def test_the_check_models_meet_their_pins_on_three_jax_devices():
 
 @pytest.mark.extended
 def test_every_case_meets_its_pin_on_three_jax_devices():
-    _check_pins(_judged([name for name in PINS if name not in QUICK and not name.startswith("zoo:")]))
-
-
-@pytest.mark.extended
-def test_the_zoo_sample_meets_its_pins_on_three_jax_devices():
-    _check_pins(_judged([name for name in PINS if name.startswith("zoo:")]))
+    _check_pins(_judged([name for name in PINS if name not in QUICK]))
 
 
 def test_a_dropped_device_gradient_fails():

@@ -2,10 +2,11 @@
 
 Each run is the command in a JAX process (tests/onjax/jax_process.py: ``KERAS_BACKEND=jax``, 3 CPU devices, any
 attempt to import TensorFlow failing the test): every zoo entry that builds on Keras 3, method towers, at the zoo's
-splits (even on 2 devices, 3:2, 5:3:2 on 3), judged by ``compare_training(reference="float64")`` and held to its pin
-in harness/bench/zoo/outcomes.json under ``keras`` ``"jax"`` (``mobilenet_v2|jax|towers|3:2|``), beside TensorFlow's.
-A planted wrong pin (``HARNESS_ZOO_PINS``) makes the run exit 1 with a FAIL row. The quick loop runs a small sample,
-the extended tests a larger one, slow.yml's ``slow`` job the whole zoo (``--run-slow``).
+splits on JAX (even on 2 devices, 3:2, 5:3:2 and 7:2:1 on 3: at the zoo's batch of 10 a one-row shard), judged by
+``compare_training(reference="float64")`` and held to its pin in harness/bench/zoo/outcomes.json under ``keras``
+``"jax"`` (``mobilenet_v2|jax|towers|3:2|``), beside TensorFlow's. A planted wrong pin (``HARNESS_ZOO_PINS``) makes
+the run exit 1 with a FAIL row. The quick loop runs a small sample, the extended tests a larger one, slow.yml's
+``zoo`` job the whole zoo (``--run-zoo``), a model a test.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def _zoo_on_jax(*args: str, timeout: float, env: dict | None = None) -> tuple[in
     return done.returncode, rows, done.stderr
 
 
-def _assert_cases(rows: list[zoo.ZooRow], names: list[str], splits=tuple(zoo.SPLITS)) -> None:
+JAX_SPLITS = tuple(zoo.splits_of(zoo.ON_JAX))
+
+
+def _assert_cases(rows: list[zoo.ZooRow], names: list[str], splits=JAX_SPLITS) -> None:
     """The rows are the cases of ``names`` x ``splits`` on JAX, method towers, in order."""
     assert [(r.model, r.keras, r.method, r.split) for r in rows] == [
         (name, "jax", "towers", split) for name in names for split in splits]
@@ -89,10 +93,11 @@ def test_a_larger_sample_meets_its_pins():
     assert status == 0
 
 
-@pytest.mark.slow  # the whole JAX zoo: see docs/zoo.md for its time; slow.yml's slow job runs it
-def test_the_whole_zoo_meets_its_pins_on_jax():
-    status, rows, stderr = _zoo_on_jax(timeout=4 * 3600)
-    _assert_cases(rows, [e.name for e in zoo.select(keras=zoo.ON_JAX)])
+@pytest.mark.zoo  # the whole JAX zoo, a model a test (docs/zoo.md has its time): slow.yml's zoo job runs it
+@pytest.mark.parametrize("model", [e.name for e in zoo.select(keras=zoo.ON_JAX)])
+def test_every_zoo_model_meets_its_pins_on_jax(model):
+    status, rows, stderr = _zoo_on_jax("--zoo-models", model, timeout=3600)
+    _assert_cases(rows, [model])
     _assert_meet_their_pins(rows)
     assert status == 0
     assert f"[{len(rows)}/{len(rows)}] " in stderr  # progress, one line per case
@@ -129,11 +134,12 @@ def test_the_runner_keeps_jax_to_towers_and_the_model_zoo():
 
 
 def test_the_overview_shows_keras_3_on_jax():
-    rows = [zoo.ZooRow("resnet50", "jax", "towers", split, "exact", max_deviation=1e-7) for split in zoo.SPLITS]
+    rows = [zoo.ZooRow("resnet50", "jax", "towers", split, "exact", max_deviation=1e-7)
+            for split in zoo.splits_of(zoo.ON_JAX)]
     rows.append(zoo.ZooRow("xception", "jax", "towers", "3:2", "as accurate as one device", max_deviation=1e-5,
                            floor_multiple=1.2))
     text = zoo.overview(rows)
-    assert "| model | keras | public definition | towers (even, 3:2, 5:3:2) |" in text  # no mirrored column
+    assert "| model | keras | public definition | towers (even, 3:2, 5:3:2, 7:2:1) |" in text  # no mirrored column
     assert "| resnet50 | 3 on JAX | keras.applications.ResNet50 | exact | 1.0e-07 | - |" in text
     assert "| xception | 3 on JAX | keras.applications.Xception | as accurate | 1.0e-05 | 1.2 |" in text
     assert zoo.text_table(rows).splitlines()[2].split("  ")[:3] == ["resnet50", "3 on JAX", "towers"]

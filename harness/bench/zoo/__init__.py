@@ -22,6 +22,7 @@ from harness.bench.zoo.catalog import CATALOG, GENERATIONS, NAMES, ON_JAX, keras
 from harness.bench.zoo.entry import ZooEntry
 from harness.bench.zoo.render import from_json, keras_label, markdown, overview, summary, text_table, to_json
 from harness.bench.zoo.runner import (
+    ALL_SPLITS,
     KINDS,
     METHODS,
     SPLITS,
@@ -32,10 +33,12 @@ from harness.bench.zoo.runner import (
     run_case,
     run_optimizer_axis,
     run_zoo,
+    splits_of,
     status_of_error,
 )
 
-__all__ = ["CATALOG", "NAMES", "GENERATIONS", "ON_JAX", "METHODS", "SPLITS", "KINDS", "ZooEntry", "ZooRow", "select",
+__all__ = ["CATALOG", "NAMES", "GENERATIONS", "ON_JAX", "METHODS", "SPLITS",
+           "ALL_SPLITS", "splits_of", "KINDS", "ZooEntry", "ZooRow", "select",
            "keras_module", "methods_of", "run_zoo", "run_optimizer_axis",
            "run_case", "status_of_error", "kind_of", "count", "text_table", "markdown",
            "to_json", "from_json", "summary", "overview", "keras_label"]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from harness.bench.zoo.catalog import ON_JAX
-from harness.bench.zoo.runner import KINDS, METHODS, SPLITS, ZooRow, count, finite, kind_of
+from harness.bench.zoo.runner import ALL_SPLITS, KINDS, METHODS, ZooRow, count, finite, kind_of
 
 __all__ = ["text_table", "markdown", "to_json", "from_json", "summary", "overview", "keras_label"]
 
@@ -120,7 +120,7 @@ def overview(rows: Sequence[ZooRow], stamp: str = "") -> str:
     lines = []
     if models:
         methods = [m for m in METHODS if any(r.method == m for r in models)]
-        splits = [s for s in SPLITS if any(r.split == s for r in models)]
+        splits = [s for s in ALL_SPLITS if any(r.split == s for r in models)]
         lines += ["| model | keras | public definition | " + " | ".join(f"{m} ({', '.join(splits)})" for m in methods)
                   + " | worst dev. from one device | dev. / rounding floor |",
                   "|---" * (5 + len(methods)) + "|"]

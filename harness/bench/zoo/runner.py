@@ -29,11 +29,20 @@ from harness.errors import InvalidValue, Refused, Unavailable
 from harness.parallel import METHODS as PARALLEL_METHODS
 
 __all__ = ["ZooRow", "SPLITS", "METHODS", "KINDS", "run_zoo", "run_optimizer_axis", "run_case", "status_of_error",
-           "kind_of", "count", "methods_of"]
+           "kind_of", "count", "methods_of", "splits_of", "ALL_SPLITS"]
 
 SPLITS: dict[str, tuple[int, ...]] = {"even": (1, 1), "3:2": (3, 2), "5:3:2": (5, 3, 2)}
+# On JAX also 7:2:1: at the zoo's batch of 10 one device holds a single row (BatchNormalization's statistics over a
+# one-row shard), and the last, partial batch leaves a device none.
+_JAX_SPLITS: dict[str, tuple[int, ...]] = {**SPLITS, "7:2:1": (7, 2, 1)}
+ALL_SPLITS = _JAX_SPLITS  # every split some backend's zoo runs
 METHODS = PARALLEL_METHODS
 _JAX_METHODS = ("towers",)  # on Keras' JAX backend; mirrored is TensorFlow's MirroredStrategy
+
+
+def splits_of(keras: str) -> dict[str, tuple[int, ...]]:
+    """The splits the zoo checks on ``keras``: even, 3:2 and 5:3:2; on JAX 7:2:1 too."""
+    return _JAX_SPLITS if keras == ON_JAX else SPLITS
 
 
 def methods_of(keras: str) -> tuple[str, ...]:
@@ -48,7 +57,7 @@ class ZooRow:
     model: str
     keras: str  # "3" or "2" (on TensorFlow), or "jax" (Keras 3 on JAX)
     method: str
-    split: str  # a key of SPLITS
+    split: str  # a key of splits_of(keras)
     status: str  # a verdict ("exact", "as accurate as one device"), "refused: <reason id>: ...", "FAIL: ..."
     max_deviation: float | None = None  # worst weight/optimizer-state deviation from one device
     loss_deviation: float | None = None  # worst per-epoch loss deviation from one device
@@ -83,7 +92,7 @@ def run_zoo(
     Args:
         names: zoo entries (default all that apply to ``keras``).
         methods: ``"towers"``, ``"mirrored"`` (default ``methods_of(keras)``: both on TensorFlow, towers on JAX).
-        splits: keys of ``SPLITS`` (default all): even on 2 devices, 3:2, and 5:3:2 on 3.
+        splits: keys of ``splits_of(keras)`` (default all): even on 2 devices, 3:2, and 5:3:2 on 3; on JAX 7:2:1.
         keras: ``"3"`` (``keras``) or ``"2"`` (``tf_keras``, or TF 2.15's ``keras``) on TensorFlow; ``"jax"``:
             Keras 3 on its JAX backend (``KERAS_BACKEND=jax``; no TensorFlow).
         fast_only: only the entries of the fast subset.
@@ -107,7 +116,7 @@ def run_zoo(
         >>> print(text_table(rows))
     """
     entries = select(names, keras, fast_only)
-    splits = list(SPLITS) if splits is None else list(splits)
+    splits = list(splits_of(keras)) if splits is None else list(splits)
     methods = methods_of(keras) if methods is None else methods
     _check(methods, splits, keras)
     k = keras_module(keras)
@@ -153,14 +162,14 @@ def run_optimizer_axis(
 
 def _check(methods: Sequence[str], splits: Sequence[str], keras: str) -> None:
     allowed = methods_of(keras)
-    bad = [m for m in methods if m not in allowed] + [s for s in splits if s not in SPLITS]
+    bad = [m for m in methods if m not in allowed] + [s for s in splits if s not in splits_of(keras)]
     if bad:
         raise InvalidValue(f"unknown methods or splits {bad}; methods {list(allowed)} (on keras {keras!r}), splits "
-                           f"{list(SPLITS)}")
+                           f"{list(splits_of(keras))}")
 
 
 def _needed(splits: Sequence[str]) -> int:
-    return max((len(SPLITS[s]) for s in splits), default=1)
+    return max((len(ALL_SPLITS[s]) for s in splits), default=1)
 
 
 def _run(entries: Sequence[tuple[ZooEntry, str, str | None]], k, keras: str, methods: Sequence[str],
@@ -221,7 +230,7 @@ def run_case(entry: ZooEntry, k, keras: str, method: str, split: str, devices: S
     start = time.perf_counter()
     try:
         with _full_tracebacks(k):
-            report = _compare(entry, k, method, SPLITS[split], devices, reference, single_runs, tol)
+            report = _compare(entry, k, method, ALL_SPLITS[split], devices, reference, single_runs, tol)
     except Exception as err:  # noqa: BLE001 - every error becomes the row's status
         status = outcomes.judged(status_of_error(err), expected)
         trace = "" if isinstance(err, Refused) else "".join(traceback.format_exception(err))
