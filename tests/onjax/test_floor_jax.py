@@ -161,7 +161,8 @@ def test_a_sub_batches_step_is_the_whole_batch_step_in_float64():
 # Keras' type promotion keeps float64 on JAX for the rest of the process, as compare_training's float64 runs do.
 _TRUE_FLOAT64 = """
 from harness.parallel.adapters.jaxtrainer import float64_promoted
-float64_promoted().__enter__()
+_promoted = float64_promoted()  # held: a context left unreferenced is closed, and restores Keras' table
+_promoted.__enter__()
 """
 
 
