@@ -100,8 +100,8 @@ def data(name: str, n: int = 23):
     return x.astype("float32"), rng.integers(0, 4, size=n)
 
 
-def train(name: str, ratios):
-    """``(weights of the split, of one device, the indices of the moving statistics)`` after 2 epochs of SGD."""
+def train(name: str, ratios, epochs: int):
+    """``(weights of the split, of one device, the indices of the moving statistics)`` after ``epochs`` of SGD."""
     set_random_seed(0)
     template = MODELS[name]()
     start = template.get_weights()
@@ -110,7 +110,7 @@ def train(name: str, ratios):
     def fit(model):
         model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.5),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        model.fit(x, y, batch_size=10, epochs=2, verbose=0, shuffle=False)
+        model.fit(x, y, batch_size=10, epochs=epochs, verbose=0, shuffle=False)
 
     one = MODELS[name]()
     one.set_weights(start)
@@ -120,9 +120,9 @@ def train(name: str, ratios):
     return template.get_weights(), one.get_weights(), moving
 
 
-def measure(name: str, ratios) -> dict:
+def measure(name: str, ratios, epochs: int = 2, precisions=("float32", "float64")) -> dict:
     row = {"case": name, "ratios": list(ratios)}
-    for precision in ("float32", "float64"):
+    for precision in precisions:
         policy = keras.config.dtype_policy()
         if precision == "float64":
             jax.config.update("jax_enable_x64", True)
@@ -130,7 +130,7 @@ def measure(name: str, ratios) -> dict:
             keras.config.set_dtype_policy("float64")
         try:
             with float64_promoted() if precision == "float64" else contextlib.nullcontext():
-                parallel, single, moving = train(name, ratios)
+                parallel, single, moving = train(name, ratios, epochs)
         finally:
             keras.config.set_floatx("float32")
             keras.config.set_dtype_policy(policy)
@@ -172,10 +172,13 @@ def main() -> None:
     parser.add_argument("cases", nargs="+", choices=list(MODELS))
     parser.add_argument("--ratios", nargs="+", default=["5:3:2", "7:2:1"])
     parser.add_argument("--plant")
+    parser.add_argument("--epochs", type=int, default=2, help="of 3 steps each (the last of 3 rows)")
+    parser.add_argument("--precisions", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
     args = parser.parse_args()
     if args.plant:
         _plant(args.plant)
-    rows = [measure(name, [float(r) for r in split.split(":")]) for name in args.cases for split in args.ratios]
+    rows = [measure(name, [float(r) for r in split.split(":")], args.epochs, args.precisions) for name in args.cases
+            for split in args.ratios]
     rows.append({"tensorflow_imported": "tensorflow" in sys.modules, "devices": [str(d) for d in DEVICES]})
     print(json.dumps(rows))
 

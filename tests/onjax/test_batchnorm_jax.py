@@ -33,8 +33,9 @@ def _exact(row: dict, float32: float = 1e-6) -> None:
 
 
 def test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_shard():
-    # The quick loop's case: the BatchNormalization of a nested model called twice a step, at 7:2:1.
-    (row,) = _rows("nested", "--ratios", "7:2:1")
+    # The quick loop's case: the BatchNormalization of a nested model called twice a step, at 7:2:1, 3 steps (a
+    # last batch of 3 rows: a device with none).
+    (row,) = _rows("nested", "--ratios", "7:2:1", "--epochs", "1")
     _exact(row)
 
 
@@ -51,8 +52,8 @@ def test_every_batchnorm_form_equals_one_device_at_uneven_splits():
 @pytest.mark.extended  # ~1 min; the quick test above runs the correct combination
 @pytest.mark.parametrize("plant", ["mean-of-means", "no-statistics-gradient"])
 def test_a_mean_of_means_or_a_lost_statistics_gradient_is_far_from_one_device(plant):
-    (row,) = _rows("nested", "--ratios", "7:2:1", "--plant", plant)
-    assert row["float64"] > 1e-2 and row["float32"] > 1e-2, row  # measured: 2.4e1 and 2.9 in float64
+    (row,) = _rows("nested", "--ratios", "7:2:1", "--plant", plant, "--precisions", "float64")
+    assert row["float64"] > 1e-2, row  # measured: 2.4e1 and 2.9 (float32: 1.6e2 and 0.82)
 
 
 @pytest.mark.extended  # ~1 min

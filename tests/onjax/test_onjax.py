@@ -37,7 +37,7 @@ PINS = {
     "mixed_float16": "as accurate as one device",  # float16 rounding: within the floor of one device
     "cnn_bn_mixed_float16": "as accurate as one device",  # BatchNormalization under mixed_float16: float32 moments
 }
-QUICK = ["dense", "cnn_bn"]  # the rest in the extended test below
+QUICK = ["cnn_bn"]  # the rest in the extended test below (dense: the API test and the planted defect below train it)
 
 
 def _outcome(row: dict) -> str:
