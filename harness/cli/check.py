@@ -138,8 +138,9 @@ def add_parser(subparsers) -> None:
     zoo.add_argument("--pin-outcomes", action="store_true",
                      help="write the outcomes of the cases run as their pins (harness/bench/zoo/outcomes.json): "
                           "refused (with the reason id) and as accurate; exact ones unpinned; refused on a FAIL. "
-                          "Prints every change; a downgrade (exact -> as accurate -> refused, or another refusal "
-                          "reason) is not written unless --allow-downgrade names the case (exit 1)")
+                          "Prints every change; a downgrade (exact -> as accurate -> refused, another refusal "
+                          "reason, or an as accurate multiple raised past 1.25 x the one first pinned or 2 x the "
+                          "last) is not written unless --allow-downgrade names the case (exit 1)")
     zoo.add_argument("--allow-downgrade", nargs="+", default=[], metavar="CASE",
                      help="with --pin-outcomes: cases whose downgrade may be pinned, as 'model|keras|method|split|"
                           "optimizer' (fnmatch patterns: 'convnext|3|*|*|')")
@@ -469,7 +470,7 @@ def _zoo(args) -> int:
     if args.pin_outcomes:  # a FAIL other than a missed pin refuses (InvalidValue): nothing is written then
         from harness.bench.zoo import outcomes
 
-        found = outcomes.changes(rows, outcomes.load(), outcomes.load_multiples())
+        found = outcomes.changes(rows, outcomes.load(), outcomes.load_multiples(), outcomes.load_first_multiples())
         for change in found:
             print(f"pin {outcomes.describe(change)}", file=sys.stderr)
         refused = outcomes.downgrades(found, args.allow_downgrade)

@@ -179,18 +179,134 @@ def test_an_as_accurate_pin_records_its_floor_multiple_and_a_run_past_twice_it_f
     pin = ["check", "--zoo", "--from-json", str(run), "--pin-outcomes", "--format", "json"]
     assert main(pin) == 1
     err = capsys.readouterr().err
-    assert ("pin m|3|towers|3:2|: as accurate as one device at 1.23 x -> as accurate as one device at 5 x "
-            "(downgrade)") in err and pins.read_text() == before
-    assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|"]) == 0
+    assert ("pin m|3|towers|3:2|: multiple 5.00 x, first pinned 1.23 x (+307%), last 1.23 x (downgrade: past 1.25 x "
+            "the first pin and 2 x the last)") in err and pins.read_text() == before
+    # 0.5 -> 0.9 is within twice the last pin, and was pinned silently before the first pin was kept (issue 57).
+    assert ("pin m|3|towers|even|: multiple 0.900 x, first pinned 0.500 x (+80%), last 0.500 x (downgrade: past "
+            "1.25 x the first pin)") in err and "not pinned: 2 case(s)" in err
+    assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|"]) == 1 and pins.read_text() == before
+    assert main([*pin, "--allow-downgrade", "m|3|towers|*|"]) == 0
     assert outcomes.load_multiples(pins) == {("m", "3", "towers", "3:2", ""): 5.0,
                                              ("m", "3", "towers", "even", ""): 0.9}
-    # A pin that stops being "as accurate" loses its multiple.
+    assert outcomes.load_first_multiples(pins) == {("m", "3", "towers", "3:2", ""): 1.23,
+                                                   ("m", "3", "towers", "even", ""): 0.5}
+    # A pin that stops being "as accurate" loses its multiple, and its first one.
     outcomes.write([zoo.ZooRow("m", "3", "towers", "even", "exact")], pins)
     assert outcomes.load_multiples(pins) == {("m", "3", "towers", "3:2", ""): 5.0}
+    assert outcomes.load_first_multiples(pins) == {("m", "3", "towers", "3:2", ""): 1.23}
 
 
-def test_a_multiple_that_is_not_a_number_is_refused(tmp_path):
+@pytest.mark.parametrize("section", ["multiples", "first_multiples"])
+def test_a_multiple_that_is_not_a_number_is_refused(tmp_path, section):
     path = tmp_path / "pins.json"
-    path.write_text(json.dumps({"pins": {}, "multiples": {"m|3|towers|3:2|": "1.2"}}))
-    with pytest.raises(InvalidValue, match=r"'m\|3\|towers\|3:2\|': '1.2'"):
-        outcomes.load_multiples(path)
+    path.write_text(json.dumps({"pins": {}, section: {"m|3|towers|3:2|": "1.2"}}))
+    with pytest.raises(InvalidValue, match=rf"{section}: .*'m\|3\|towers\|3:2\|': '1.2'"):
+        outcomes.load_first_multiples(path)
+
+
+# Pins that cannot creep (issue 57, item 3): each re-pin held to the multiple first pinned, not the last one, so that
+# re-pins each within the slack of the one before cannot add up. Each test below re-pins a run's JSON through the
+# CLI (no TensorFlow, milliseconds).
+
+
+def _accurate(multiple, split="3:2"):
+    return zoo.ZooRow("m", "3", "towers", split, "as accurate as one device", floor_multiple=multiple)
+
+
+def _repin(tmp_path, capsys, multiple, *allowed):
+    """Re-pins case m|3|towers|3:2| from a run at ``multiple``: the exit status and what it printed on stderr."""
+    from harness.cli import main
+
+    run = tmp_path / "run.json"
+    run.write_text(zoo.to_json([_accurate(multiple)]))
+    capsys.readouterr()
+    allow = ["--allow-downgrade", *allowed] if allowed else []
+    status = main(["check", "--zoo", "--from-json", str(run), "--pin-outcomes", "--format", "json", *allow])
+    return status, capsys.readouterr().err
+
+
+CASE = ("m", "3", "towers", "3:2", "")
+
+
+@pytest.fixture
+def pins(tmp_path, monkeypatch):
+    """A pins file with case m|3|towers|3:2| first pinned "as accurate" at 1.0 x its floor."""
+    path = tmp_path / "pins.json"
+    monkeypatch.setenv("HARNESS_ZOO_PINS", str(path))
+    outcomes.write([_accurate(1.0)], path)
+    return path
+
+
+def test_re_pins_in_small_steps_are_stopped_past_a_quarter_over_the_first_pin(tmp_path, capsys, pins):
+    """1 -> 1.1 -> 1.2 are pinned, each printed against the first pin; 1.3 (only 8% over the last, 30% over the
+    first) is a downgrade, not written. Held to the last pin instead, the walk would never stop."""
+    for multiple, share in ((1.1, "+10%"), (1.2, "+20%")):
+        status, err = _repin(tmp_path, capsys, multiple)
+        assert status == 0, err
+        assert f"pin m|3|towers|3:2|: multiple {multiple:.2f} x, first pinned 1.00 x ({share})" in err
+        assert "downgrade" not in err
+        assert outcomes.load_multiples(pins)[CASE] == multiple and outcomes.load_first_multiples(pins)[CASE] == 1.0
+    before = pins.read_text()
+    status, err = _repin(tmp_path, capsys, 1.3)
+    assert status == 1 and pins.read_text() == before, err
+    assert ("pin m|3|towers|3:2|: multiple 1.30 x, first pinned 1.00 x (+30%), last 1.20 x (downgrade: past 1.25 x "
+            "the first pin)") in err and "not pinned: 1 case(s)" in err
+
+
+def test_the_walk_1_to_1_9_to_3_7_is_stopped_at_each_step(tmp_path, capsys, pins):
+    """1 -> 1.9 -> 3.7 x, each step within twice the last pin, went unasked before. Now 1.9 is refused; accepted
+    by name it is written with its first pin kept, so 3.7 is refused too and still printed against 1.0."""
+    before = pins.read_text()
+    status, err = _repin(tmp_path, capsys, 1.9)
+    assert status == 1 and pins.read_text() == before
+    assert "pin m|3|towers|3:2|: multiple 1.90 x, first pinned 1.00 x (+90%), last 1.00 x (downgrade" in err
+    status, err = _repin(tmp_path, capsys, 1.9, "m|3|*")
+    assert status == 0 and "multiple 1.90 x, first pinned 1.00 x (+90%)" in err
+    assert outcomes.load_multiples(pins)[CASE] == 1.9 and outcomes.load_first_multiples(pins)[CASE] == 1.0
+    status, err = _repin(tmp_path, capsys, 1.9)  # no increase: nothing printed, nothing to ask
+    assert status == 0 and "pin m|" not in err
+    accepted = pins.read_text()
+    status, err = _repin(tmp_path, capsys, 3.7)
+    assert status == 1 and pins.read_text() == accepted
+    assert "pin m|3|towers|3:2|: multiple 3.70 x, first pinned 1.00 x (+270%), last 1.90 x (downgrade" in err
+    status, err = _repin(tmp_path, capsys, 2.0)  # the smallest raise past an accepted multiple is asked for again
+    assert status == 1 and pins.read_text() == accepted and "(+100%), last 1.90 x (downgrade" in err
+
+
+def test_a_lower_multiple_leaves_the_first_pin_and_tightens_the_last(tmp_path, capsys, pins):
+    """A case that improves keeps its first pin (what it was reviewed at), and is held to twice its new last pin as
+    well: 1 -> 0.5 is pinned silently; 0.9 is an increase, printed, within both; 0.5 -> 1.1 is within 1.25 x the
+    first pin but past twice the last, a downgrade as before."""
+    status, err = _repin(tmp_path, capsys, 0.5)
+    assert status == 0 and "pin m|" not in err
+    assert outcomes.load_multiples(pins)[CASE] == 0.5 and outcomes.load_first_multiples(pins)[CASE] == 1.0
+    status, err = _repin(tmp_path, capsys, 0.9)
+    assert status == 0 and "pin m|3|towers|3:2|: multiple 0.900 x, first pinned 1.00 x (-10%), last 0.500 x" in err
+    assert "downgrade" not in err
+    assert _repin(tmp_path, capsys, 0.5)[0] == 0
+    before = pins.read_text()
+    status, err = _repin(tmp_path, capsys, 1.1)
+    assert status == 1 and "(+10%), last 0.500 x (downgrade: past 2 x the last)" in err and pins.read_text() == before
+
+
+def test_a_file_without_first_pins_was_first_pinned_at_its_multiples(tmp_path, capsys, monkeypatch):
+    """Pins written before first pins were kept: each case's first pin is its multiple there, and the next write
+    records it so (not the multiple that write pins)."""
+    path = tmp_path / "pins.json"
+    monkeypatch.setenv("HARNESS_ZOO_PINS", str(path))
+    path.write_text(json.dumps({"pins": {"m|3|towers|3:2|": "as accurate as one device",
+                                         "m|3|towers|even|": "as accurate as one device"},
+                                "multiples": {"m|3|towers|3:2|": 1.0, "m|3|towers|even|": 0.5}}))
+    assert outcomes.load_first_multiples(path) == outcomes.load_multiples(path)
+    status, err = _repin(tmp_path, capsys, 1.2)
+    assert status == 0 and "multiple 1.20 x, first pinned 1.00 x (+20%)" in err
+    data = json.loads(path.read_text())
+    assert data["first_multiples"] == {"m|3|towers|3:2|": 1.0, "m|3|towers|even|": 0.5}
+    assert data["multiples"] == {"m|3|towers|3:2|": 1.2, "m|3|towers|even|": 0.5}
+
+
+def test_the_shipped_pins_keep_a_first_multiple_for_every_multiple():
+    data = json.loads(outcomes.PINS.read_text())
+    assert set(data["first_multiples"]) == set(data["multiples"])  # every "as accurate" pin with a multiple
+    assert list(data["first_multiples"]) == sorted(data["first_multiples"])  # in order: reviewable diffs
+    assert outcomes.load_first_multiples().keys() == outcomes.load_multiples().keys()

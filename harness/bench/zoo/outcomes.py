@@ -15,12 +15,18 @@ is pinned (closer than required). Anything else is a FAIL row: an exact case tha
 accurate`` or is refused, a refusal with another reason, a refused case that trains, an error.
 
 An "as accurate" pin also records the multiple of its rounding floor the case came out at (``multiples``
-in the file): a run more than ``MULTIPLE_SLACK`` times that multiple is a FAIL row, and re-pinning it is a
-downgrade like any other.
+in the file): a run more than ``MULTIPLE_SLACK`` times that multiple is a FAIL row. The multiple it was *first*
+pinned at is kept beside it (``first_multiples``), and no re-pin moves it: a re-pin that raises a multiple past
+``CREEP_SLACK`` times its first pin (or past ``MULTIPLE_SLACK`` times its last) is a downgrade, so re-pins in
+small steps (1 -> 1.1 -> 1.2 -> 1.3 x) cannot add up to a worse case unasked. The first pin goes only with the
+case's "as accurate" pin (exact, or refused), and a file written before first pins were kept was first pinned
+at its ``multiples``.
 
-Re-pinning cannot slip: ``changes`` lists every pin a run would change, and a *downgrade* (exact -> as
-accurate -> refused, ``RANK``) is written only where the case is named in ``--allow-downgrade``
-(``downgrades``); the command prints every change either way.
+Re-pinning cannot slip: ``changes`` lists every pin a run would change, every raised multiple included, and a
+*downgrade* (exact -> as accurate -> refused, ``RANK``; another refusal reason; a multiple raised past the bounds
+above) is written only where the case is named in ``--allow-downgrade`` (``downgrades``); the command prints
+every change either way. A multiple so accepted is written, its first pin kept: the file shows it beside the
+first pin, and each further raise past the bound needs naming again.
 
 Nothing here imports TensorFlow or Keras.
 """
@@ -31,13 +37,13 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.errors import InvalidValue
 
 __all__ = ["PINS", "pins_path", "Key", "key_of", "pinned", "load", "outcome_of", "meets", "observed", "missed",
            "judged", "rejudged", "pins_of", "write", "RANK", "rank", "changes", "downgrades", "describe", "case_name",
-           "load_multiples", "multiples_of", "MULTIPLE_SLACK"]
+           "load_multiples", "load_first_multiples", "multiples_of", "MULTIPLE_SLACK", "CREEP_SLACK", "Change"]
 
 PINS = Path(__file__).resolve().with_name("outcomes.json")  # the shipped pins
 
@@ -52,6 +58,10 @@ _OUTCOMES = ("exact", "as accurate as one device")
 _AS_ACCURATE = _OUTCOMES[1]
 # An "as accurate" case FAILs at more than this many times the floor multiple pinned for it.
 MULTIPLE_SLACK = 2.0
+# A re-pin may raise an "as accurate" case's multiple to this many times the one first pinned for it unasked;
+# further is a downgrade. Held to the first pin, not the last: re-pins each within the slack of the one before
+# would otherwise compound (1 -> 1.9 -> 3.7 -> 7 x within MULTIPLE_SLACK each).
+CREEP_SLACK = 1.25
 
 
 def key_of(row: Any) -> Key:
@@ -99,10 +109,11 @@ def _read(path: Path) -> dict:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise InvalidValue(f"{path}: not JSON ({err})") from err
-    if not isinstance(data, dict) or not isinstance(data.get("pins"), dict) or not isinstance(
-            data.get("multiples", {}), dict):
+    if not isinstance(data, dict) or not isinstance(data.get("pins"), dict) or not all(
+            isinstance(data.get(section, {}), dict) for section in ("multiples", "first_multiples")):
         raise InvalidValue(f"{path}: expected {{\"pins\": {{\"model|keras|method|split|optimizer\": outcome}}, "
-                           f"\"multiples\": {{\"model|keras|method|split|optimizer\": number}}}}")
+                           f"\"multiples\" and \"first_multiples\": {{\"model|keras|method|split|optimizer\": "
+                           "number}}")
     return data
 
 
@@ -112,16 +123,30 @@ def load_multiples(path: Path | str | None = None) -> dict[Key, float]:
     Raises:
         InvalidValue: the file is not such a JSON object, or a multiple is not a positive finite number.
     """
+    return _numbers(pins_path() if path is None else Path(path), "multiples")
+
+
+def load_first_multiples(path: Path | str | None = None) -> dict[Key, float]:
+    """The floor multiple each "as accurate" pin of ``path`` was first pinned at (``first_multiples``); where the
+    file records a multiple and no first one (written before first pins were kept), that multiple.
+
+    Raises:
+        InvalidValue: the file is not such a JSON object, or a multiple is not a positive finite number.
+    """
+    path = pins_path() if path is None else Path(path)
+    return {**_numbers(path, "multiples"), **_numbers(path, "first_multiples")}
+
+
+def _numbers(path: Path, section: str) -> dict[Key, float]:
     import math
 
-    path = pins_path() if path is None else Path(path)
     multiples: dict[Key, float] = {}
-    for text, value in _read(path).get("multiples", {}).items():
+    for text, value in _read(path).get(section, {}).items():
         parts = tuple(text.split("|"))
         if len(parts) != 5 or isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
-            raise InvalidValue(f"{path}: a multiple is 'model|keras|method|split|optimizer': a finite number >= 0; "
-                               f"got {text!r}: {value!r}")
+            raise InvalidValue(f"{path}: {section}: a multiple is 'model|keras|method|split|optimizer': a finite "
+                               f"number >= 0; got {text!r}: {value!r}")
         multiples[parts] = float(value)  # five strings, checked above
     return multiples
 
@@ -231,55 +256,113 @@ def multiples_of(rows: Sequence[Any]) -> dict[Key, float]:
     """The floor multiple of each "as accurate" row of ``rows`` that has one, as pins record it."""
     import math
 
-    return {key_of(r): float(f"{r.floor_multiple:.3g}") for r in rows
+    return {key_of(r): _rounded(r.floor_multiple) for r in rows
             if outcome_of(observed(r.status)) == _AS_ACCURATE and getattr(r, "floor_multiple", None) is not None
             and math.isfinite(r.floor_multiple)}
 
 
-def changes(rows: Sequence[Any], pins: Mapping[Key, str],
-            multiples: Mapping[Key, float] | None = None) -> list[tuple[Key, str, str]]:
-    """``(key, pinned, new)`` for each case of ``rows`` whose outcome differs from its pin in ``pins``, or that
-    stays "as accurate" at more than ``MULTIPLE_SLACK`` times the floor multiple ``multiples`` pins for it
-    (``"as accurate as one device at 1.2 x"`` -> ``... at 5.3 x``, a downgrade).
+def _rounded(multiple: float) -> float:
+    """A multiple as pins record it (three significant digits)."""
+    return float(f"{multiple:.3g}")
+
+
+class Change(NamedTuple):
+    """A pin a run would change: ``key``'s pinned outcome ``before`` -> ``after``. Where the case stays "as
+    accurate" at a higher multiple, ``multiple`` is that multiple (as pins record it), ``last`` the one pinned
+    for it now and ``first`` the one first pinned."""
+
+    key: Key
+    before: str
+    after: str
+    multiple: float | None = None
+    last: float | None = None
+    first: float | None = None
+
+    @property
+    def is_downgrade(self) -> bool:
+        """Whether writing it needs ``--allow-downgrade``: the case moves further from one device (``rank``
+        grows, or a refusal's reason changes), or its multiple rises past ``CREEP_SLACK`` times the first pin or
+        ``MULTIPLE_SLACK`` times the last (a multiple that is not finite: past both)."""
+        if self.multiple is not None and self.first is not None and self.last is not None:
+            return not (self.multiple <= CREEP_SLACK * self.first and self.multiple <= MULTIPLE_SLACK * self.last)
+        return rank(self.after) > rank(self.before) or rank(self.after) == rank(self.before) > 0
+
+
+def changes(rows: Sequence[Any], pins: Mapping[Key, str], multiples: Mapping[Key, float] | None = None,
+            first: Mapping[Key, float] | None = None) -> list[Change]:
+    """Each case of ``rows`` whose outcome differs from its pin in ``pins``, or that stays "as accurate" at a
+    higher floor multiple than the one pinned last (``multiples``; where it has none, its first). Such a raise
+    carries the multiple the case was first pinned at (``first``, from ``load_first_multiples``; a case missing
+    there was first pinned at its ``multiples`` one). ``Change.is_downgrade`` says which need ``--allow-downgrade``.
 
     Raises:
         InvalidValue: a row FAILed otherwise (see ``pins_of``).
     """
     new = pins_of(rows)
     multiples = multiples or {}
+    first = {**multiples, **(first or {})}
     out = []
     for row in rows:
         key = key_of(row)
         before, after = pinned(key, pins), new.get(key, "exact")
         if before != after:
-            out.append((key, before, after))
-        elif _grown(after, getattr(row, "floor_multiple", None), multiples.get(key)):
-            out.append((key, f"{before} at {multiples[key]:.3g} x", f"{after} at {row.floor_multiple:.3g} x"))
+            out.append(Change(key, before, after))
+            continue
+        raised = _raised(after, getattr(row, "floor_multiple", None), multiples.get(key, first.get(key)))
+        if raised is not None:
+            last = multiples.get(key, first[key])  # set where raised is
+            out.append(Change(key, f"{before} at {last:.3g} x", f"{after} at {raised:.3g} x", raised, last,
+                              first[key]))
     return out
 
 
-def downgrades(found: Sequence[tuple[Key, str, str]], allowed: Sequence[str] = ()) -> list[tuple[Key, str, str]]:
-    """The changes of ``found`` that move a case further from one device (``rank`` grows, or a refusal's reason
-    changes) and that no pattern of ``allowed`` names (``fnmatch`` patterns over ``model|keras|method|split|
-    optimizer``)."""
+def _raised(outcome: str, multiple: float | None, last: float | None) -> float | None:
+    """The multiple an "as accurate" case came out at, as pins record it, where it is higher than ``last`` (not
+    finite: infinite); else None."""
+    import math
+
+    if outcome != _AS_ACCURATE or multiple is None or last is None:
+        return None
+    now = _rounded(multiple) if math.isfinite(multiple) else math.inf
+    return now if now > last else None
+
+
+def downgrades(found: Sequence[Change], allowed: Sequence[str] = ()) -> list[Change]:
+    """The changes of ``found`` that need ``--allow-downgrade`` (``Change.is_downgrade``) and that no pattern of
+    ``allowed`` names (``fnmatch`` patterns over ``model|keras|method|split|optimizer``)."""
     from fnmatch import fnmatchcase
 
-    return [(key, before, after) for key, before, after in found
-            if (rank(after) > rank(before) or (rank(after) == rank(before) and rank(after) > 0))
-            and not any(fnmatchcase(_text(key), pattern) for pattern in allowed)]
+    return [change for change in found
+            if change.is_downgrade and not any(fnmatchcase(_text(change.key), pattern) for pattern in allowed)]
 
 
-def describe(change: tuple[Key, str, str]) -> str:
-    """One line for a change of a pin."""
-    key, before, after = change
-    how = ("downgrade" if rank(after) > rank(before) or (rank(after) == rank(before) == 1)
-           else "upgrade" if rank(after) < rank(before) else "changed")
+def describe(change: Change) -> str:
+    """One line for a change of a pin: ``m|3|towers|3:2|: exact -> as accurate as one device (downgrade)``, or
+    for a raised multiple ``m|3|towers|3:2|: multiple 1.90 x, first pinned 1.00 x (+90%), last 1.00 x
+    (downgrade: past 1.25 x the first pin)``."""
+    key, before, after = change.key, change.before, change.after
+    if change.multiple is not None and change.first is not None and change.last is not None:
+        return f"{_text(key)}: {_raise(change.multiple, change.first, change.last)}"
+    how = "downgrade" if rank(after) > rank(before) else "upgrade" if rank(after) < rank(before) else "changed"
     return f"{_text(key)}: {before} -> {after} ({how})"
 
 
+def _raise(multiple: float, first: float, last: float) -> str:
+    """A raised multiple against its first and last pins, and whether that is a downgrade."""
+    import math
+
+    share = f"{multiple / first - 1:+.0%}" if first > 0 and math.isfinite(multiple) else "+inf%"
+    text = f"multiple {multiple:#.3g} x, first pinned {first:#.3g} x ({share}), last {last:#.3g} x"
+    past = [bound for bound, limit in ((f"{CREEP_SLACK:g} x the first pin", CREEP_SLACK * first),
+                                       (f"{MULTIPLE_SLACK:g} x the last", MULTIPLE_SLACK * last))
+            if not multiple <= limit]
+    return text + (f" (downgrade: past {' and '.join(past)})" if past else "")
+
+
 def write(rows: Sequence[Any], path: Path | str | None = None) -> dict[Key, str]:
-    """Pins the outcomes of ``rows`` in ``path``: their cases' pins replaced, every other case's kept.
-    Returns all the pins written.
+    """Pins the outcomes of ``rows`` in ``path``: their cases' pins and multiples replaced, every other case's
+    kept, and each "as accurate" pin's first multiple kept as it was first pinned (``_first_pins``). Returns all
+    the pins written.
 
     Raises:
         InvalidValue: a row FAILed (see ``pins_of``), or the file holds something else.
@@ -291,9 +374,26 @@ def write(rows: Sequence[Any], path: Path | str | None = None) -> dict[Key, str]
     multiples = {k: v for k, v in load_multiples(path).items() if k not in ran}
     multiples.update(multiples_of(rows))
     multiples = {k: v for k, v in multiples.items() if pins.get(k) == _AS_ACCURATE}
+    _save(path, pins, multiples, _first_pins(load_first_multiples(path), multiples, pins))
+    return pins
+
+
+def _first_pins(before: Mapping[Key, float], multiples: Mapping[Key, float],
+                pins: Mapping[Key, str]) -> dict[Key, float]:
+    """The first multiple of each "as accurate" pin of ``pins``: the one ``before`` records (never moved by a
+    re-pin, accepted downgrades included: how far a case has come stays in the file), else its multiple in
+    ``multiples`` (a case pinned "as accurate" at a multiple for the first time)."""
+    return {k: before[k] if k in before else multiples[k] for k in {*before, *multiples}
+            if pins.get(k) == _AS_ACCURATE}
+
+
+def _save(path: Path, pins: Mapping[Key, str], multiples: Mapping[Key, float], first: Mapping[Key, float]) -> None:
+    """Writes a pins file: one JSON object per section, each sorted by case, one entry a line (reviewable
+    diffs)."""
     path.write_text(json.dumps({
         "about": "pinned zoo outcomes (harness/bench/zoo/outcomes.py); written by harness check --zoo --pin-outcomes; "
-                 "multiples: the rounding-floor multiple of each 'as accurate' pin",
+                 "multiples: the rounding-floor multiple of each 'as accurate' pin; first_multiples: the one it was "
+                 f"first pinned at (a re-pin past {CREEP_SLACK:g} x it needs --allow-downgrade)",
         "pins": {_text(k): pins[k] for k in sorted(pins)},
-        "multiples": {_text(k): multiples[k] for k in sorted(multiples)}}, indent=1) + "\n")
-    return pins
+        "multiples": {_text(k): multiples[k] for k in sorted(multiples)},
+        "first_multiples": {_text(k): first[k] for k in sorted(first)}}, indent=1) + "\n")
