@@ -11,8 +11,15 @@ differs as a split's does (each device's partial sums rounded in the model's pre
 Where reordering rows changes nothing (float16 products summed in a float32 accumulator under mixed_float16 on
 a CPU) this is the order that measures the rounding a split brings.
 
-Nothing here runs harness' parallel code, nor its adapters' arithmetic (loss, loss scaling, the optimizer
-step are Keras' own): a defect there cannot widen the floor it is judged against.
+What it shares with harness' parallel code, and why a defect there cannot widen the floor it is judged against:
+the sub-batches' sizes come from ``harness.split.split_batch`` in Python (a table, one row per batch size; the
+towers' in-graph ``slicing.split_sizes`` is not called), and a size table that does not sum to a batch's rows stops
+the run. The loss, its scaling and the optimizer step are Keras' own. What it takes from the parallel adapter is
+the generation's private accessors alone: which step methods a model defines (``own_steps``), and the logits and
+mask Keras keeps on an output (``get_logits``/``set_logits``, ``get_mask``/``set_mask``), carried from the inner
+call's outputs to the ones returned. An accessor that lost them would change the floor run's loss, not only its
+rounding; with one sub-batch the order is Keras' own step bit for bit on a softmax output and a masked one, and
+tests/parallel/test_floor.py holds it so (a planted accessor that drops the logits or the mask fails there).
 """
 
 from __future__ import annotations
@@ -51,9 +58,10 @@ def batch_order(name: str, n: int, batch_size: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def sub_batch_steps(model, ratios: Sequence[float]) -> str | None:
+def sub_batch_steps(model, ratios: Sequence[float], batch_size: int) -> str | None:
     """Makes ``model`` (compiled, one device) sum each batch's gradient from sub-batches of the sizes a split by
-    ``ratios`` gives: its call's backward pass runs once per sub-batch. Keras' own training step does the rest
+    ``ratios`` gives (``harness.split.split_batch``; ``batch_size``: the largest batch it trains on): its call's
+    backward pass runs once per sub-batch. Keras' own training step does the rest
     (loss, loss scaling, the optimizer, the metrics). None, or why this model cannot (its own training step:
     what it calls is its own). On Keras 3's JAX backend the same order is built on ``jax.vjp`` (``floorjax``);
     elsewhere on TensorFlow's tapes."""
@@ -69,16 +77,22 @@ def sub_batch_steps(model, ratios: Sequence[float]) -> str | None:
     own = adapter.own_steps(model)
     if own:
         return f"the model's own {', '.join(own)}"
-    model.call = _partitioned(model.call, adapter, tuple(float(r) for r in ratios))
+    model.call = _partitioned(model.call, adapter, _sizes_table(batch_size, ratios))
     return None
 
 
-def _partitioned(call, adapter, ratios: tuple[float, ...]):
-    """``call`` whose backward pass is the sum, in sub-batch order, of one backward pass per sub-batch (the
-    cotangents of the other rows 0): the same gradient, rounded as a split rounds it."""
-    import tensorflow as tf
+def _sizes_table(batch_size: int, ratios: Sequence[float]) -> np.ndarray:
+    """Row ``n`` (0 to ``batch_size``): ``harness.split``'s sizes of a batch of ``n`` rows split by ``ratios``."""
+    from harness.split import split_batch
 
-    from harness.parallel import slicing
+    return np.array([split_batch(n, ratios) for n in range(batch_size + 1)], dtype=np.int32)
+
+
+def _partitioned(call, adapter, table: np.ndarray):
+    """``call`` whose backward pass is the sum, in sub-batch order, of one backward pass per sub-batch (the
+    cotangents of the other rows 0; the sizes of a batch of ``n`` rows: ``table[n]``): the same gradient, rounded
+    as a split rounds it."""
+    import tensorflow as tf
 
     def partitioned(inputs, *args, **kwargs):
         flat_in = tf.nest.flatten(inputs)
@@ -98,12 +112,16 @@ def _partitioned(call, adapter, ratios: tuple[float, ...]):
 
             def grad(*upstream, variables=None):
                 n = tf.shape(results[0])[0]
-                sizes = slicing.split_sizes(n, ratios)
+                sizes = tf.gather(tf.constant(table), n)
+                # A batch beyond the table (tf.gather gives 0s there on a GPU) must not drop rows silently.
+                with tf.control_dependencies([tf.debugging.assert_equal(
+                        tf.reduce_sum(sizes), n, message="the sub-batches order's sizes do not cover the batch")]):
+                    sizes = tf.identity(sizes)
                 ends = tf.cumsum(sizes)
                 rows = tf.range(n)
                 sources = list(flat) + list(variables or ())
                 total: list[Any] = [None] * len(sources)
-                for i in range(len(ratios)):
+                for i in range(table.shape[1]):
                     inside = tf.logical_and(rows >= ends[i] - sizes[i], rows < ends[i])
                     pairs = [(r, u * tf.reshape(tf.cast(inside, u.dtype), [-1] + [1] * (u.shape.rank - 1)))
                              for r, u in zip(results, upstream) if u is not None]

@@ -10,8 +10,14 @@ gradients added in sub-batch order. The backward pass is linear in the cotangent
 The losses the forward pass added (activity regularisers, ``add_loss``) are means over the whole batch, not one per
 row, so no row mask splits their cotangent: each sub-batch pulls back its share of the rows of it, as the towers
 weight each device's forward losses by its share and add (``harness.parallel.jax``). The weights' regularisers do
-not depend on the batch: pulled back once, after the sub-batches, as the towers add them. Nothing here runs
-harness' parallel code or its arithmetic of the loss and the optimizer step. Imports no TensorFlow.
+not depend on the batch: pulled back once, after the sub-batches, as the towers add them.
+
+What it shares with harness' parallel code: the sizes are ``harness.split``'s (the towers' own arithmetic is not
+called); the loss, its scaling and the optimizer step are Keras' own ``train_step``. From the JAX adapter it takes
+the private Keras-on-JAX accessors alone: where the training forward pass is (``wrap_training_forward``), how many
+of its losses are the weights' regularisers, and an output's Keras mask (carried to the outputs returned). A wrong
+accessor changes the floor run's values, not only its rounding, which tests/onjax/test_floor_jax.py would see (the
+order's loss history equals Keras' own). Imports no TensorFlow.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def _floor_run(run: _Comparison, name: str) -> tuple[_Run | None, str | None]:
         compiled = _slots_built(run.compiled(floor_model))
         x, y, fit_args = run.x, run.y, run.fit_args
         if name == "sub-batches":
-            why_not = sub_batch_steps(compiled, ratios)
+            why_not = sub_batch_steps(compiled, ratios, run.fit_args["batch_size"])
             if why_not is not None:
                 run.kept[key] = why_not
                 return None, why_not

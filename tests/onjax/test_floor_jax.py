@@ -68,7 +68,7 @@ def trained(name, weights, sub, rows=None, epochs=2):
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     if sub:
-        assert sub_batch_steps(model, [5, 3, 2]) is None
+        assert sub_batch_steps(model, [5, 3, 2], 10) is None
     x, y = DATA[name]
     if rows is not None:
         x, y = x[rows], y[rows]
@@ -119,7 +119,7 @@ class OwnStep(keras.Model):
 inputs = keras.Input((6,))
 own = OwnStep(inputs, keras.layers.Dense(3)(inputs))
 own.compile(optimizer="sgd", loss="mse")
-out["own_step"] = sub_batch_steps(own, [5, 3, 2])
+out["own_step"] = sub_batch_steps(own, [5, 3, 2], 10)
 print(json.dumps(out))
 """
 

@@ -245,3 +245,55 @@ def test_the_sub_batches_order_keeps_an_embeddings_rows_as_one_device_has_them(l
                                       optimizer=lambda: entry.optimizer(k), loss=entry.loss(k), reference="float64")
     orders = {order.name: order.weights for order in report.floor_orders}
     assert orders["sub-batches"] is not None and orders["sub-batches"] < 1e-6, report.summary()
+
+
+@pytest.mark.parametrize("plant", [None, "logits", "mask"])
+def test_one_sub_batch_is_keras_own_step_bit_for_bit(any_keras, monkeypatch, plant):
+    """The sub-batches order shares the parallel adapter's accessors of the logits and mask Keras keeps on an output
+    (harness/equivalence/floor.py says why): with one sub-batch it must be Keras' own step bit for bit on a softmax
+    output whose loss reads its logits and whose timesteps are masked. A planted accessor that drops the logits or
+    the mask changes the loss, and fails here; left alone, it would have widened the floor a defect is judged by."""
+    from harness.equivalence.floor import sub_batch_steps
+    from harness.parallel.adapters import adapter_for
+
+    k = any_keras
+    rng = np.random.default_rng(8)
+    x = rng.integers(1, 20, (24, 6)).astype("int32")
+    x[:, 4:][rng.random((24, 2)) < 0.7] = 0  # padding the loss must not count
+    y = rng.integers(0, 3, (24, 6)).astype("int32")
+
+    def trained(sub: bool):
+        k.utils.set_random_seed(3)
+        inputs = k.Input((6,), dtype="int32")
+        embedded = k.layers.Embedding(20, 8, mask_zero=True)(inputs)
+        model = k.Model(inputs, k.layers.Dense(3, activation="softmax")(k.layers.Dense(8, activation="tanh")(
+            embedded)))
+        model.compile(optimizer=k.optimizers.SGD(0.5), loss=k.losses.SparseCategoricalCrossentropy())
+        if sub:
+            assert sub_batch_steps(model, [1.0], 8) is None
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        return [np.asarray(w) for w in model.get_weights()]
+
+    own = trained(sub=False)
+    if plant is not None:
+        probe = k.Sequential([k.Input((1,)), k.layers.Dense(1)])
+        accessor = type(adapter_for(probe))
+        monkeypatch.setattr(accessor, f"get_{plant}", staticmethod(lambda t: None))
+    same = all(np.array_equal(a, b) for a, b in zip(own, trained(sub=True)))
+    assert same is (plant is None), f"plant={plant}: the sub-batches order with one sub-batch " + (
+        "differs from Keras' own step" if plant is None else "did not notice the planted accessor")
+
+
+def test_a_batch_the_sub_batches_sizes_do_not_cover_stops_the_run(keras3):
+    """The sizes come from a table of ``harness.split`` (one row per batch size up to the largest): a batch beyond
+    it (a GPU's gather gives 0s there) must stop the run, not drop its rows."""
+    import tensorflow as tf
+
+    from harness.equivalence.floor import sub_batch_steps
+
+    k = keras3
+    model = k.Sequential([k.Input((4,)), k.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    assert sub_batch_steps(model, [3.0, 2.0], 4) is None
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=r"sub-batches order's sizes|is not in \[0"):
+        model.fit(np.ones((8, 4), "float32"), np.ones((8, 2), "float32"), batch_size=8, verbose=0)
