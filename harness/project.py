@@ -30,7 +30,8 @@ A project that adopted harness (``harness init``) names its workloads in a
 ``check_workload`` runs ``harness check`` on one workload in a process of its own
 (its devices are laid out there, whatever the caller's process imported) and
 returns its verdict held to what the workload expects of each method: what the
-pytest file ``harness init`` writes asserts. The
+pytest file ``harness init`` writes asserts (on a pass judged with random layers
+off, it warns ``RandomLayersOff``, naming them). The
 asv suites of ``harness.suites`` read the same configuration. Standard library
 only: nothing here imports TensorFlow.
 """
@@ -50,8 +51,8 @@ from typing import Any
 
 from harness.errors import REFUSALS, InvalidValue, Unavailable
 
-__all__ = ["CONFIG_FILES", "WorkloadEntry", "Project", "CheckResult", "find_config", "load_project", "outcome", "meets",
-           "parse_config", "check_workload", "judge", "read_toml", "read_toml_text"]
+__all__ = ["CONFIG_FILES", "WorkloadEntry", "Project", "CheckResult", "RandomLayersOff", "find_config", "load_project",
+           "outcome", "meets", "parse_config", "check_workload", "judge", "read_toml", "read_toml_text"]
 
 CONFIG_FILES = ("harness.toml", "pyproject.toml")  # looked for in this order in each folder
 METHODS = ("towers", "mirrored")
@@ -285,6 +286,11 @@ def _integer(value, key: str, bad, least: int) -> int:
     return value
 
 
+class RandomLayersOff(UserWarning):
+    """The generated test's warning on a pass (``CheckResult.randomness_warning``): the workload was judged with
+    its random layers off in training, which it names."""
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """What ``check_workload`` found: ``passed`` (each method came out as the workload expects), and ``message``
@@ -294,6 +300,23 @@ class CheckResult:
     passed: bool
     message: str
     rows: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def random_layers(self) -> tuple[str, ...]:
+        """The random layers (class names, as ``harness check`` names them: ``harness.randomness.random_layers``)
+        that ran as at inference in a method's check, each once, in model order; ``()`` where none did (a model
+        without any; a method that refused the model ran nothing)."""
+        return tuple(dict.fromkeys(name for row in self.rows if not row.get("refused") and not row.get("baseline")
+                                   for name in row.get("random_layers") or ()))
+
+    def randomness_warning(self) -> RandomLayersOff | None:
+        """On a pass judged with random layers off, the warning the generated test gives, naming them; else None
+        (a failure's message says it already)."""
+        if not self.passed or not self.random_layers:
+            return None
+        return RandomLayersOff(f"workload {self.workload!r} passed with its random layers off in training (as at "
+                               f"inference: each device draws its own numbers, equal in distribution, not in "
+                               f"value): {', '.join(self.random_layers)}")
 
 
 _HINT = ("where harness' own methods are exact, a model whose output for one row depends on the other rows of its "

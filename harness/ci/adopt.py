@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from harness.ci.matrix import CPU_BASE, VARIANTS, Entry, build_args, load_matrix, tox_deps
+from harness.ci.matrix import CPU_BASE, Entry, build_args, load_matrix, render_bake, tox_deps
 from harness.ci.render import render_template, yaml_scalar
 from harness.errors import InvalidValue
 
@@ -379,25 +379,12 @@ def _dockerfile(entry: Entry, package: str, harness: str, note: list[str]) -> st
                            args=build_args(entry), package=re.sub(r'["\\$`]', "", package), note=note)
 
 
-def image_tag(slug: str, entry: Entry, variant: str) -> str:
-    return f"{slug}-harness:{entry.name}" + ("" if variant == "cpu" else "-gpu")
-
-
 def _bake(entries: list[Entry], slug: str, harness: str, note: list[str]) -> str:
-    """docker/harness-bake.hcl: one target per entry and variant (harness.ci.matrix.bake_file's layout)."""
-    def name(entry: Entry, variant: str) -> str:
-        return entry.name + ("" if variant == "cpu" else "-gpu")
-
-    targets = []
-    for entry in entries:
-        for variant in VARIANTS:
-            args = build_args(entry, variant, cpu_base="${CPU_BASE}")
-            args["HARNESS_REQUIREMENT"] = "${HARNESS_REQUIREMENT}"
-            targets.append({"name": name(entry, variant), "tag": image_tag(slug, entry, variant), "args": args,
-                            "width": max(len(k) for k in args)})
-    groups = [(variant, [name(e, variant) for e in entries]) for variant in VARIANTS]
-    return render_template("harness-bake.hcl.j2", cpu_base=CPU_BASE, harness=harness, note=note, groups=groups,
-                           targets=targets)
+    """docker/harness-bake.hcl: one target per entry and variant (``harness.ci.matrix.render_bake``, the layout of
+    harness' own docker-bake.hcl), tagged ``SLUG-harness:TARGET``, harness installed as ``HARNESS_REQUIREMENT``."""
+    return render_bake(entries, image=f"{slug}-harness", own=False,
+                       variables={"CPU_BASE": CPU_BASE, "HARNESS_REQUIREMENT": harness},
+                       notes={"HARNESS_REQUIREMENT": note}, context=".", dockerfile="docker/harness.Dockerfile")
 
 
 def tox_gpu_section(project: Project, *, harness_requirement: str = "keras-harness",

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.ci.render import render_template
 from harness.errors import InvalidValue, Unavailable
 
-__all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest", "build_args", "bake_file", "CPU_BASE"]
+__all__ = ["Entry", "load_matrix", "default_path", "tox_deps", "newest", "build_args", "bake_file", "render_bake",
+           "CPU_BASE"]
 
 CPU_BASE = "debian:bookworm-slim"
 VARIANTS = ("cpu", "gpu")
@@ -161,46 +164,43 @@ def image_tag(entry: Entry, variant: str = "cpu") -> str:
 
 
 def bake_file(entries: list[Entry]) -> str:
-    """The text of ``docker/docker-bake.hcl``: one target per entry and variant.
+    """The text of ``docker/docker-bake.hcl``: one target per entry and variant (``render_bake``).
 
     ``docker buildx bake --file docker/docker-bake.hcl tf221`` builds the CPU
     image of ``tf221``; ``tf221-gpu`` its GPU image; groups ``cpu`` and ``gpu``
     build all. ``OFFLINE=1`` installs only from ``docker/wheelhouse``.
     """
-    out = [
-        "# Generated from docker/matrix.toml by `python -m harness.ci.matrix bake > docker/docker-bake.hcl`.",
-        "# Do not edit: tests/unit/test_matrix.py fails when this file and the matrix disagree.",
-        "# Run from the repository root after `pip wheel --no-deps --wheel-dir docker/wheelhouse .`.",
-        "",
-        'variable "OFFLINE" {\n  default = "0"\n}',
-        "",
-        f'variable "CPU_BASE" {{\n  default = "{CPU_BASE}"\n}}',
-        "",
-        'group "default" {\n  targets = ["cpu"]\n}',
-        "",
-    ]
-    for variant in VARIANTS:
-        names = ", ".join(f'"{image_tag(e, variant).split(":")[1]}"' for e in entries)
-        out += [f'group "{variant}" {{\n  targets = [{names}]\n}}', ""]
-    out += ['target "_common" {\n  context    = "docker"\n  dockerfile = "Dockerfile"\n}', ""]
-    for entry in entries:
+    return render_bake(entries, image="harness", variables={"OFFLINE": "0", "CPU_BASE": CPU_BASE},
+                       context="docker", dockerfile="Dockerfile", own=True)
+
+
+def render_bake(entries: list[Entry], *, image: str, variables: Mapping[str, str], context: str, dockerfile: str,
+                own: bool, notes: Mapping[str, list[str]] | None = None) -> str:
+    """A docker-bake.hcl from the template ``harness-bake.hcl.j2``, the one layout of harness' own bake file
+    (``bake_file``) and of the one ``harness init`` writes (``harness.ci.adopt``).
+
+    Args:
+        entries: the matrix entries: a target ``ENTRY`` (CPU) and ``ENTRY-gpu`` (GPU) each, tagged ``IMAGE:TARGET``,
+            with ``build_args``; groups ``cpu`` and ``gpu`` name them all, ``default`` is ``cpu``.
+        image: the images' name (``harness``).
+        variables: the bake file's variables, name -> default, in order. ``CPU_BASE`` is the CPU variant's
+            ``BASE_IMAGE``; each other one is also a build arg of every target, of the same name.
+        context, dockerfile: the targets' build context and Dockerfile.
+        own: harness' own bake file (its header says how it is generated), else the one harness init writes.
+        notes: comment lines (without the '# ') written above a variable, by name.
+    """
+    names = {variant: [entry.name + ("" if variant == "cpu" else "-gpu") for entry in entries] for variant in VARIANTS}
+    passed = {name: f"${{{name}}}" for name in variables if name != "CPU_BASE"}
+    targets = []
+    for at, entry in enumerate(entries):
         for variant in VARIANTS:
-            tag = image_tag(entry, variant)
-            args = build_args(entry, variant, cpu_base="${CPU_BASE}")
-            args["OFFLINE"] = "${OFFLINE}"
-            width = max(len(k) for k in args)
-            lines = [f'    {k.ljust(width)} = "{v}"' for k, v in args.items()]
-            out += [
-                f'target "{tag.split(":")[1]}" {{',
-                '  inherits = ["_common"]',
-                f'  tags     = ["{tag}"]',
-                "  args = {",
-                *lines,
-                "  }",
-                "}",
-                "",
-            ]
-    return "\n".join(out).rstrip("\n") + "\n"
+            args = {**build_args(entry, variant, cpu_base="${CPU_BASE}"), **passed}
+            targets.append({"name": names[variant][at], "tag": f"{image}:{names[variant][at]}", "args": args,
+                            "width": max(len(k) for k in args)})
+    return render_template("harness-bake.hcl.j2", own=own, context=context, dockerfile=dockerfile,
+                           variables=[{"name": name, "default": default, "note": (notes or {}).get(name, [])}
+                                      for name, default in variables.items()],
+                           groups=list(names.items()), targets=targets)
 
 
 def _as_json(entries: list[Entry]) -> str:

@@ -137,28 +137,38 @@ def _package_name(root: Path) -> str:
 
 def config_text(models: dict[str, str], data: dict[str, str], args,
                 expects: dict[str, tuple[str, str]] | None = None) -> str:
-    """harness.toml's text (checked by ``harness.project.parse_config`` before anything is written); ``expects``:
-    workload -> (its ``expect`` value as TOML, the comment saying where it came from), default exact."""
-    lines = ["# harness' configuration of this repository (harness init; docs: user-models.md of harness).",
-             "# devices: GPUs where the machine has this many, else logical CPU devices.",
-             f"devices = {args.devices}"]
-    if args.ratios:
-        lines.append(f"ratios = [{', '.join(f'{r:g}' for r in args.ratios)}]")
-    lines.append(f"methods = [{', '.join(json.dumps(m) for m in args.methods)}]")
-    if args.backend == "jax":
-        lines.append('backend = "jax"  # Keras 3 on JAX: harness check --backend jax (JAX CPU devices, no TensorFlow)')
-    if args.emulate:
-        lines.append(f"emulate = {json.dumps(args.emulate)}  # harness calibrate --model: rates this host sustains")
-    lines.append(f"matrix = [{', '.join(json.dumps(m) for m in args.matrix)}]  # docker/matrix.toml entries")
-    lines += _setting_lines(args)
+    """harness.toml's text, from the template ``harness.toml.j2`` (checked by ``harness.project.parse_config``
+    before anything is written); ``expects``: workload -> (its ``expect`` value as TOML, the comment saying where it
+    came from), default exact."""
+    from harness.ci.render import render_template
+
+    workloads = []
     for name, ref in models.items():
-        lines += ["", f"[workloads.{name}]", f"model = {json.dumps(ref)}"]
-        if name in data:
-            lines.append(f"data = {json.dumps(data[name])}")
-        lines.append(f"batch-size = {args.batch_size}  # the benchmarks' global batch")
-        value, why = (expects or {}).get(name, ('"exact"', _NOT_MEASURED))
-        lines.append(f"expect = {value}  # {why}")
-    return "\n".join(lines) + "\n"
+        expect, why = (expects or {}).get(name, ('"exact"', _NOT_MEASURED))
+        workloads.append({"name": name, "model": _toml(ref), "data": _toml(data[name]) if name in data else None,
+                          "expect": expect, "why": why})
+    return render_template("harness.toml.j2", devices=_toml(args.devices),
+                           ratios=_toml(args.ratios) if args.ratios else None, methods=_toml(args.methods),
+                           backend=args.backend, emulate=_toml(args.emulate) if args.emulate else None,
+                           matrix=_toml(args.matrix), batch_size=_toml(args.batch_size), workloads=workloads,
+                           **_settings_values(args))
+
+
+def _toml(value) -> str:
+    """``value`` as a TOML value: a string quoted, in ASCII; an integer as it is; a float as ``%g`` where that is
+    the same number (a ratio of 3.0 is ``3``), else in full; a list of them."""
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(_toml, value))}]"
+    if isinstance(value, int):
+        return str(value)
+    if not isinstance(value, str):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    # JSON's escapes are TOML's, but for two: TOML has no surrogate pairs (\U0001F600, not \ud83d\ude00) and
+    # escapes DEL, which JSON leaves as it is.
+    quoted = json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+    return "".join(c if c.isascii() else f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}"
+                   for c in quoted)
 
 
 _NOT_MEASURED = ('each method\'s outcome: "exact", "as accurate" or a refusal id; per method: { towers = "..." } '
@@ -210,11 +220,18 @@ def measure(project, echo=print) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _settings_values(args) -> dict[str, str]:
+    """The values of ``_harness-settings.toml.j2``: the requirement and the branch, and why each."""
+    return {"harness_requirement": _toml(args.harness_requirement), "requirement_why": args.requirement_why,
+            "branch": _toml(args.branch), "branch_why": args.branch_why}
+
+
 def _setting_lines(args) -> list[str]:
-    """harness.toml's lines of the settings a re-run of harness init keeps: the requirement and the branch."""
-    return [f"harness-requirement = {json.dumps(args.harness_requirement)}  # how CI installs harness: "
-            f"{args.requirement_why}",
-            f"branch = {json.dumps(args.branch)}  # the branch the workflows test and benchmark: {args.branch_why}"]
+    """harness.toml's lines of the settings a re-run of harness init keeps: the requirement and the branch, as
+    harness.toml.j2 writes them."""
+    from harness.ci.render import render_template
+
+    return render_template("_harness-settings.toml.j2", **_settings_values(args)).splitlines()
 
 
 def _with_settings(text: str, args) -> str:

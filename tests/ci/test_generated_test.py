@@ -2,10 +2,11 @@
 processes. ``harness init`` measures what each workload expects (the generated test's own check, once): exact for a
 good model and for a Dropout model (judged with its randomness off, the random layers named), "as accurate" for a
 model in mixed precision, mirrored's refusal by its id for a model with its own train_step, and nothing for a
-batch-dependent layer (a FAIL is never expected: it says so). Then the generated test passes on those, fails on
-the batch-dependent layer and on an exact workload that slipped to "as accurate" (mixed precision turned on after
-init), saying which method, the verdict against what was expected and the command to rerun. About a minute on 2
-cores (six workloads, each checked in its own process, twice): extended.
+batch-dependent layer (a FAIL is never expected: it says so). Then the generated test passes on those (the Dropout
+model's pass warning RandomLayersOff, naming its random layers), fails on the batch-dependent layer and on an exact
+workload that slipped to "as accurate" (mixed precision turned on after init), saying which method, the verdict
+against what was expected and the command to rerun. About a minute on 2 cores (six workloads, each checked in its
+own process, twice): extended.
 
 A JAX adopter (harness.toml: ``backend = "jax"``) gets the same test: it runs each workload's check on 3 JAX CPU
 devices (``harness check --backend jax`` in its own process sets KERAS_BACKEND and the devices before Keras starts),
@@ -94,6 +95,7 @@ def _cases(report: Path) -> dict[str, tuple[bool, str]]:
     return out
 
 
+@pytest.mark.usefixtures("keras3")  # its adopter's models: keras.ops, keras.mixed_precision.set_dtype_policy
 def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_path, capsys):
     from harness.project import read_toml
 
@@ -127,6 +129,10 @@ def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_pat
     assert cases["good"][0] and cases["mixed"][0], said
     assert cases["own_step"][0], said  # towers exact, mirrored refused by the id the workload expects
     assert cases["noisy"][0], said  # Dropout and GaussianNoise draw per device: judged with them off, and named
+    # that pass says which layers were off (a RandomLayersOff warning in pytest's summary); no other does
+    warned = [line.strip() for line in done.stdout.splitlines() if "RandomLayersOff:" in line]
+    assert len(warned) == 1 and "workload 'noisy' passed with its random layers off" in warned[0], said
+    assert warned[0].endswith(": GaussianNoise, Dropout"), said
     # the batch-dependent layer: FAIL for both methods, with what was expected and the command to rerun
     passed, failure = cases["centred"]
     assert not passed and "mirrored: FAIL" in failure and "towers: FAIL" in failure, said

@@ -541,7 +541,8 @@ def test_the_templates_ship_as_package_data():
     used = {"harness-ci.yml.j2", "harness-gpu.yml.j2", "harness-bench.yml.j2", "harness-bench-comment.yml.j2",
             "harness-nightly.yml.j2", "reusable-bench-gate.yml.j2", "reusable-nightly.yml.j2", "_bench-job.yml.j2",
             "_nightly-jobs.yml.j2", "actionlint.yaml.j2", "harness.Dockerfile.j2",
-            "harness.Dockerfile.dockerignore.j2", "harness-bake.hcl.j2", "tox-gpu.ini.j2"}
+            "harness.Dockerfile.dockerignore.j2", "harness-bake.hcl.j2", "tox-gpu.ini.j2", "harness.toml.j2",
+            "_harness-settings.toml.j2"}
     assert used <= shipped and set(ci_render.template_names()) == {n for n in shipped if n.endswith(".j2")}
     # pyproject's package data for harness.ci takes every template into the wheel and the sdist
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["harness.ci"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -277,3 +278,75 @@ def test_a_rerun_after_a_template_change_keeps_the_adopters_edits(tmp_path, caps
     assert _generated(repo, ci) == new[ci]
     assert main(["init", str(repo), "--force"]) == 0  # --force: the template's text, the edits gone
     assert (repo / nightly).read_text() == new[nightly] and (repo / ci).read_text() == new[ci]
+
+
+# In the adopter's tests/ (pytest loads it before the generated test imports check_workload): harness check's rows
+# stand in for its process (seconds of TensorFlow a workload), judged by harness.project.judge as a real check is.
+_CANNED_CHECK = '''
+import harness.project
+
+ROWS = {
+    "noisy": [{"model": "models:noisy", "method": "mirrored", "verdict": "exact", "exact": True, "passed": True,
+               "baseline": False, "max_deviation": 0.0, "random_layers": ["GaussianNoise", "Dropout"],
+               "with_randomness": {"verdict": "FAIL", "max_deviation": 0.03}}],
+    "plain": [{"model": "models:plain", "method": "mirrored", "verdict": "exact", "exact": True, "passed": True,
+               "baseline": False, "max_deviation": 0.0, "random_layers": []}],
+}
+
+
+def _check(project, name, devices=None, timeout=1800):
+    return harness.project.judge(project, project.workload(name), ROWS[name], 0, "harness check (canned rows)")
+
+
+harness.project.check_workload = _check
+'''
+
+
+def test_the_generated_test_warns_on_a_pass_naming_the_random_layers_that_were_off(tmp_path):
+    # a pass judged with Dropout and GaussianNoise off says so (pytest's warnings summary), by class; a
+    # workload without random layers passes silently. One pytest process, about 2 s.
+    assert main(["init", str(tmp_path), "--model", "noisy=models:noisy", "--model", "plain=models:plain",
+                 "--no-measure", "--harness-requirement", "keras-harness", "--branch", "main"]) == 0
+    (tmp_path / "tests" / "conftest.py").write_text(_CANNED_CHECK)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q",
+                           "tests/test_harness_equivalence.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "2 passed, 1 warning" in said, said
+    warned = [line.strip() for line in said.splitlines() if "RandomLayersOff" in line]
+    assert len(warned) == 1 and warned[0].endswith(
+        "RandomLayersOff: workload 'noisy' passed with its random layers off in training (as at inference: each "
+        "device draws its own numbers, equal in distribution, not in value): GaussianNoise, Dropout"), said
+    assert "test_parallel_training_comes_out_as_expected[noisy]" in said, said
+
+
+def test_harness_toml_comes_from_its_template_and_reads_back_as_given(tmp_path, monkeypatch):
+    # harness.toml is rendered from its template (harness.toml.j2, harness/ci/templates) like the other generated
+    # files; every value harness init fills in reads back (harness.project) as it was given: a string with quotes, a
+    # backslash, characters beyond ASCII, a control character; a float %g would round; an integer %g would make a float
+    from harness.ci import render
+
+    rendered: list[str] = []
+    real = render.render_template
+    monkeypatch.setattr(render, "render_template", lambda name, **values: rendered.append(name) or real(name, **values))
+    emulate = 'say "400"\\ é 😀 \x7f,250'
+    requirement = "keras-harness>=0.2,<1"
+    assert main(["init", str(tmp_path), "--model", "text=nlp/text.py:make", "--data", "text=nlp/data.py:batches",
+                 "--model", "digits.model:build", "--ratios", "3", "0.3333333333333333", "--methods", "towers",
+                 "mirrored", "--emulate", emulate, "--matrix", "tf221", "legacy", "--batch-size", "1000000",
+                 "--no-measure", "--harness-requirement", requirement, "--branch", "release/2.x"]) == 0
+    assert "harness.toml.j2" in rendered
+    text = (tmp_path / "harness.toml").read_text()
+    assert text.isascii() and not re.search(r"<%=|%>|#\{%|#\{#", text), text
+    project = load_project(tmp_path)
+    assert (project.devices, project.ratios, project.methods, project.emulate, project.matrix) == (
+        2, (3.0, 0.3333333333333333), ("towers", "mirrored"), emulate, ("tf221", "legacy"))
+    assert [(w.name, w.model, w.data, w.batch_size, w.expect) for w in project.workloads] == [
+        ("text", "nlp/text.py:make", "nlp/data.py:batches", 1000000, {}), ("model", "digits.model:build", None,
+                                                                          1000000, {})]
+    assert project.extra == {"harness-requirement": requirement, "branch": "release/2.x"}
+    assert main(["init", str(tmp_path), "--branch", "main"]) == 0  # a re-run sets the branch line, the rest kept
+    assert (tmp_path / "harness.toml").read_text() == text.replace('branch = "release/2.x"  # the branch the '
+                                                                   'workflows test and benchmark: --branch',
+                                                                   'branch = "main"  # the branch the workflows test '
+                                                                   'and benchmark: --branch')

@@ -111,6 +111,26 @@ def test_the_bake_file_parses_as_hcl_with_one_target_per_entry_and_variant():
     assert len(targets) == 2 * len(load_matrix()) + 1  # + "_common"
 
 
+def test_harness_own_bake_file_and_the_one_harness_init_writes_are_one_template_rendered(tmp_path, monkeypatch):
+    # matrix.bake_file wrote harness' docker-bake.hcl line by line in Python, and harness init's bake file
+    # came from a template of the same layout: two generators of one HCL. One template renders both now
+    # (harness-bake.hcl.j2 in harness/ci/templates, render_bake filling its values); the layout each file must have is
+    # checked above (harness' own) and in tests/unit/test_adopt_ci.py (the adopter's).
+    from harness.ci import adopt, matrix
+    from harness.project import parse_config
+
+    rendered: list[str] = []
+    real = matrix.render_template
+    monkeypatch.setattr(matrix, "render_template", lambda name, **values: rendered.append(name) or real(name, **values))
+    own = matrix.bake_file(load_matrix())
+    project = parse_config({"matrix": ["tf221", "legacy"], "workloads": {"m": {"model": "pkg.m:build"}}},
+                           tmp_path / "harness.toml")
+    theirs = adopt.ci_files(project, "pkg")["docker/harness-bake.hcl"]
+    assert rendered == ["harness-bake.hcl.j2", "harness-bake.hcl.j2"]
+    assert own == (ROOT / "docker" / "docker-bake.hcl").read_text()  # the committed file, byte for byte
+    assert 'target "legacy-gpu" {\n  inherits = ["_common"]\n  tags     = ["pkg-harness:legacy-gpu"]\n' in theirs
+
+
 def test_the_bake_check_fails_when_the_matrix_moves(tmp_path):
     # the guard above, shown failing: a TF bump in the matrix without regenerating the bake file
     from harness.ci.matrix import bake_file

@@ -193,3 +193,33 @@ def test_each_method_is_held_to_what_the_workload_expects(tmp_path, expect, rows
     for part in said:
         assert part in result.message, result.message
     assert ("did NOT come out as expected" in result.message) is not passed
+
+
+_NOISY = {"random_layers": ["GaussianNoise", "Dropout"], "with_randomness": {"verdict": "FAIL", "max_deviation": 3e-2}}
+
+
+@pytest.mark.parametrize("expect, rows, named", [
+    # both methods judged with the random layers off: named once each, in model order
+    ('"exact"', [_row("mirrored", "exact", **_NOISY), _row("towers", "exact", **_NOISY)], ["GaussianNoise", "Dropout"]),
+    ('"exact"', [_row("mirrored", "exact", random_layers=[]), _row("towers", "exact")], None),  # none to name
+    # every method refused the model: nothing ran with them off, nothing to warn of
+    ('"custom-train-step"', [{"method": m, "refused": "custom-train-step", "error": "own", "random_layers": ["Dropout"]}
+                             for m in ("mirrored", "towers")], None),
+    # a failure says it in its message, not in a warning
+    ('"exact"', [_row("mirrored", "FAIL", 2e-2, **_NOISY), _row("towers", "exact", **_NOISY)], None),
+])
+def test_a_pass_with_random_layers_off_warns_naming_them(tmp_path, expect, rows, named):
+    # the generated test says, on a pass, which random layers were off (its RandomLayersOff warning)
+    from harness.project import RandomLayersOff, judge
+
+    (tmp_path / "harness.toml").write_text(GOOD + f"expect = {expect}\n")
+    project = load_project(tmp_path)
+    result = judge(project, project.workload("classifier"), rows, 0, "harness check --model x")
+    warning = result.randomness_warning()
+    if named is None:
+        assert warning is None, warning
+        return
+    assert result.passed and isinstance(warning, RandomLayersOff) and issubclass(RandomLayersOff, UserWarning)
+    said = str(warning)
+    assert said.startswith("workload 'classifier' passed with its random layers off in training"), said
+    assert said.endswith(": " + ", ".join(named)), said

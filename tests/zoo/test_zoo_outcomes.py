@@ -181,7 +181,7 @@ def test_an_as_accurate_pin_records_its_floor_multiple_and_a_run_past_twice_it_f
     err = capsys.readouterr().err
     assert ("pin m|3|towers|3:2|: multiple 5.00 x, first pinned 1.23 x (+307%), last 1.23 x (downgrade: past 1.25 x "
             "the first pin and 2 x the last)") in err and pins.read_text() == before
-    # 0.5 -> 0.9 is within twice the last pin, and was pinned silently before the first pin was kept (issue 57).
+    # 0.5 -> 0.9 is within twice the last pin, and was pinned silently before the first pin was kept.
     assert ("pin m|3|towers|even|: multiple 0.900 x, first pinned 0.500 x (+80%), last 0.500 x (downgrade: past "
             "1.25 x the first pin)") in err and "not pinned: 2 case(s)" in err
     assert main([*pin, "--allow-downgrade", "m|3|towers|3:2|"]) == 1 and pins.read_text() == before
@@ -204,7 +204,7 @@ def test_a_multiple_that_is_not_a_number_is_refused(tmp_path, section):
         outcomes.load_first_multiples(path)
 
 
-# Pins that cannot creep (issue 57, item 3): each re-pin held to the multiple first pinned, not the last one, so that
+# Pins that cannot creep: each re-pin held to the multiple first pinned, not the last one, so that
 # re-pins each within the slack of the one before cannot add up. Each test below re-pins a run's JSON through the
 # CLI (no TensorFlow, milliseconds).
 
