@@ -13,7 +13,8 @@ started) and ``--time-budget STEP`` ends a run with its wall time against a budg
 It adds the markers ``gpu``, ``multi_gpu``, ``slow``, ``docker``, ``timing``, ``zoo``, ``extended``, ``browser``,
 skips tests so marked from what the machine has (``--run-slow``, ``--run-docker``, ``--run-zoo``,
 ``--run-extended``, ``--run-timing``, ``--run-browser``; a browser test also needs Chromium: ``chromium_path``),
-and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``.
+and the fixtures ``logical_devices``, ``gpu_devices``, ``keras2``, ``any_keras``. It marks ``keras2`` each test
+that runs a Keras 2 model (``KERAS2``): a Keras 2 env selects them with ``-m keras2`` (``.ci/run``'s tf215 step).
 
 Skips. ``--skip-report PATH`` writes every skip of the run to ``PATH``, one JSON object a line:
 ``{"nodeid", "reason", "where", "when"}`` (``when``: ``collect`` for a module skipped as a whole,
@@ -68,6 +69,13 @@ MARKERS = {
     "browser": "loads pages in a headless Chromium (run with --run-browser; skipped, saying so, where no Chromium "
                "is installed: .ci/run installs Debian's chromium)",
 }
+# Not among MARKERS (those skip what this machine or run lacks): it says what a test runs, for a step to select.
+KERAS2 = ("keras2: runs a Keras 2 model where the environment has one: marked by this plugin where the test takes the "
+          "keras2 fixture, is any_keras' keras2 run or the Keras 2 case of a parameter named generation ('keras2', "
+          "or the zoo's '2'); by hand where it asks for Keras 2 otherwise (request.getfixturevalue) or its model is "
+          "the environment's own keras (Keras 2 in tox's tf215 env: a model file, a subprocess) and must hold there. "
+          ".ci/run's tf215 step selects them (-m keras2)")
+KERAS2_GENERATIONS = ("keras2", "2")  # a ``generation`` parameter's Keras 2 values (the tests', the zoo's)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 NO_CHROMIUM = ("browser: no Chromium on this machine (apt-get install chromium, or set HARNESS_CHROMIUM to its "
                "executable)")
@@ -166,6 +174,7 @@ def pytest_configure(config):
         config.pluginmanager.register(SkipRecorder(path), "harness-skip-recorder")
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    config.addinivalue_line("markers", KERAS2)
     from harness.pytest_timing import TimingPlugin  # JUnit properties of each test's cost; the budget line
 
     config.pluginmanager.register(TimingPlugin(config, MARKERS), "harness-timing")
@@ -262,6 +271,16 @@ def add_junit_property(config, name: str, value: str) -> None:
 def pytest_sessionstart(session):
     for key, value in junit_versions().items():  # the versions a compatibility table needs
         add_junit_property(session.config, key, value)
+
+
+def pytest_itemcollected(item):
+    """Marks ``keras2`` (``KERAS2``) a test that runs a Keras 2 model: it takes the ``keras2`` fixture (directly or
+    through another fixture), is ``any_keras``' keras2 run, or is the Keras 2 case of a ``generation`` parameter.
+    Marked as collected, before any ``-m`` selects."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if ("keras2" in getattr(item, "fixturenames", ()) or params.get("any_keras") == "keras2"
+            or params.get("generation") in KERAS2_GENERATIONS):
+        item.add_marker(pytest.mark.keras2)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,8 +11,10 @@ Registered by harness' pytest plugin (harness/pytest_plugin.py). Where a run wri
   the property is left out): a TensorFlow process lives for seconds, far longer than the watch's interval.
 
 With ``--time-budget STEP``, the run ends with one line holding its wall time against ``STEP``'s budget in
-``--time-budget-file`` (default ``.ci/test-budget.toml`` under the rootdir), e.g. ``quick loop: 312 s of its
-480 s budget``; the line says so where the run is a subset of the step (test paths or ``-k`` given).
+``--time-budget-file`` (default ``.ci/test-budget.toml`` under the rootdir), scaled by this host's probe taken
+then (in the budget file's ``probe_workers`` processes at once) against the reference host's, e.g. ``quick loop:
+512 s, budget 480 s x 1.07 (this host's probe 0.112 s vs reference 0.105 s, 2 workers) = 514 s``; the line says
+so where the run is a subset of the step (test paths or ``-k`` given), or ran in another number of workers.
 """
 
 from __future__ import annotations
@@ -157,9 +159,18 @@ class TimingPlugin:
         except InvalidValue as err:
             terminalreporter.write_line(f"harness: {label}: {wall:.0f} s; its budget cannot be read: {err}")
             return
-        line = testtime.budget_line(label, wall, budgets.steps.get(step), budgets, testtime.probe_host(3))
+        # The probe as the budget file's was taken (its worker count), so that the two compare; ~1 s at 2 workers.
+        try:
+            probe: float | None = testtime.probe_host(3, workers=budgets.probe_workers)
+            failed = ""
+        except (RuntimeError, OSError) as err:  # the line still comes, unscaled, saying why
+            probe, failed = None, f" - this host's probe failed: {err}"
+        line = testtime.budget_line(label, wall, budgets.steps.get(step), budgets, probe) + failed
         if _is_subset(config):
             line += " - this run is a subset of the step (test paths or -k given): the budget is the whole step's"
+        workers = config.getoption("numprocesses", None) or 1  # pytest-xdist's -n (0 or absent: this process)
+        if workers != budgets.probe_workers:
+            line += f" - this run used {workers} worker(s), the step {budgets.probe_workers}"
         terminalreporter.write_line(f"harness: {line}")
 
 

@@ -7,6 +7,15 @@ generation an environment lacks with the reason. Tests that are Keras 3 only by 
 ``keras`` package is Keras 2 (the matrix's ``tf215`` env); tests of Keras 2 behaviour alone take
 ``keras2``. Every module is collected in every env.
 
+What a Keras 2 env runs follows from those declarations: the plugin marks ``keras2`` the tests that take the
+``keras2`` fixture, any_keras' Keras 2 runs and the Keras 2 case of a ``generation`` parameter; a test that asks
+for ``keras2`` by ``request.getfixturevalue`` otherwise marks its Keras 2 cases by hand, as does a test whose model
+is the environment's own ``keras`` (a model file, a subprocess: Keras 2 in ``tf215``) where its verdict must hold
+there. ``.ci/run``'s tf215 step selects ``-m keras2``. A test that reaches Keras 3 only API (``keras.ops``,
+``keras.config``, ``keras.distribution``, ``keras.src``, ``keras_core``) declares Keras 3 only with the ``keras3``
+fixture (an argument, one of its fixtures', or ``usefixtures``): tests/unit/test_keras_declarations.py reads every
+test module and fails on one that does not.
+
 Timing tests on emulated devices take their rates from the ``emulation``
 fixture: an emulated device is only an emulation while the host computes its
 slice faster than the emulated time (``harness.emulate``), so they take their
@@ -22,6 +31,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
+import coverage_claims
 import pytest
 from tf_zygote import ENV, python
 
@@ -29,12 +39,13 @@ pytest_plugins = ["harness.pytest_plugin"]  # opt-in: installing harness loads i
 
 
 KERAS2_EXTENDED = ("keras2_extended: the test's Keras 2 run (any_keras' keras2) is an extended test: the quick loop "
-                   "runs it on Keras 3, and the Keras 2 paths it takes are a quick test's elsewhere (the marker's "
-                   "comment names which)")
+                   "runs it on Keras 3, and the Keras 2 paths it takes are a quick test's elsewhere (its covered_by "
+                   "marker names which)")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", KERAS2_EXTENDED)
+    config.addinivalue_line("markers", coverage_claims.DESCRIPTION)
 
 
 @pytest.hookimpl(tryfirst=True)  # before harness' plugin skips the extended tests this run did not select
@@ -53,6 +64,8 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("keras2_extended") is not None or representative in kept:
             item.add_marker(pytest.mark.extended)
         kept.add(representative)
+    # Read by tests/unit/test_coverage_claims.py: every covered_by claim against the whole collection.
+    config.stash[coverage_claims.COLLECTED] = coverage_claims.snapshot(items)
 
 
 @pytest.fixture(autouse=True)

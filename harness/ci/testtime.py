@@ -2,26 +2,33 @@
 
 Reads what pytest writes (``--junitxml``; with harness' plugin each test case carries the properties
 ``markers`` and ``tf_processes``, harness/pytest_timing.py) and what ``.ci/run`` records of its steps
-(one JSON object a line: ``step``, ``wall_s``, ``status``, ``junit``, ``probe_s``), and holds the steps
-against a budget file (TOML)::
+(one JSON object a line: ``step``, ``wall_s``, ``status``, ``junit``, ``probe_s``, ``probe_workers``), and holds
+the steps against a budget file (TOML)::
 
     [host]
-    probe_s = 0.60         # probe_host() on the host the budgets were set on
+    probe_s = 0.60         # probe_host(workers=2) on the host the budgets were set on
+    probe_workers = 2      # the worker count of that probe (default 1: a file from before it had one)
     fail_factor = 1.5      # a step fails only beyond fail_factor x its budget (noise never trips it)
 
     [steps.quick]
     seconds = 480
     what = "the README's test command"
 
-A budget is seconds on the reference host. On a slower host (its probe takes longer) every budget grows by the
-same factor, never shrinks on a faster one: the verdict is about the suite, not about the machine it ran on.
+A budget is seconds on the reference host. On another host every budget is scaled by the same factor, this host's
+probe over the reference's: a slower host (its probe takes longer) gets more, a faster one less, so a step that
+doubles fails on either; the factor never goes below ``SCALE_FLOOR``. The probe runs in as many processes at once
+as the steps' own workers (``pytest -n 2``): two cores that are one core's hyper-threads, or that another load
+shares, read as slow as the steps find them. The verdict is about the suite, not about the machine it ran on.
 Framework-neutral: the standard library only.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
@@ -34,10 +41,19 @@ import tomllib
 from harness.errors import InvalidValue
 
 __all__ = ["TestTime", "Step", "Budget", "Budgets", "Verdict", "read_junit", "read_steps", "read_budgets",
-           "probe_host", "step_report", "steps_table", "judge", "budget_line", "PROBE_REPEATS"]
+           "probe_host", "step_report", "steps_table", "judge", "budget_line", "PROBE_REPEATS", "PROBE_WORKERS",
+           "SCALE_FLOOR"]
 
 UNMARKED = "(no marker)"
 PROBE_REPEATS = 5
+PROBE_WORKERS = 2  # the steps' own worker count: .ci/run's pytest steps run -n 2 on a 2-core host
+# The least a budget is scaled by, however fast this host's probe. A probe is the fastest of its rounds, so load only
+# slows it: on this 2-core box, 14 probes of 2 processes given the CPUs (nice -20 beside a CI run; .ci/test-budget.toml)
+# read 0.88-1.31x their median, 30 at plain priority beside it 0.50-2.76x theirs (the load coming and going), never
+# below the idle speed. What reads far below the reference is a host that is faster, or a probe that stopped measuring
+# the suite (a changed workload, an interpreter that optimises it away): past 2x the budgets stop following, so such
+# a probe at most halves them. At the floor a step fails beyond 0.5 x fail_factor 1.5 = 0.75 x its budget.
+SCALE_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,7 @@ class Step:
     status: int
     junit: tuple[str, ...] = ()
     probe_s: float | None = None
+    probe_workers: int = 1  # the processes its probe ran in at once (a record without it: 1, as before they had one)
 
 
 @dataclass(frozen=True)
@@ -76,19 +93,22 @@ class Budget:
 
 @dataclass(frozen=True)
 class Budgets:
-    """A budget file: each step's budget, the reference host's probe and the factor beyond which a step fails."""
+    """A budget file: each step's budget, the reference host's probe (and the processes it ran in at once) and the
+    factor beyond which a step fails."""
 
     path: str
     steps: dict[str, Budget]
     probe_s: float
     fail_factor: float
     total_s: float | None = None
+    probe_workers: int = 1
 
     def scale(self, probe_s: float | None) -> float:
-        """How much slower this host is than the reference host (a probe of ``probe_s``), at least 1."""
+        """This host's time over the reference host's, from its probe ``probe_s`` (taken with ``probe_workers``):
+        above 1 on a slower host, below on a faster one, never below ``SCALE_FLOOR``; 1 without a probe."""
         if probe_s is None or probe_s <= 0:
             return 1.0
-        return max(1.0, probe_s / self.probe_s)
+        return max(SCALE_FLOOR, probe_s / self.probe_s)
 
 
 @dataclass(frozen=True)
@@ -164,10 +184,17 @@ def read_steps(path: str | Path) -> list[Step]:
             junit = record.get("junit") or ()
             steps.append(Step(str(record["step"]), float(record["wall_s"]), int(record["status"]),
                               tuple([junit] if isinstance(junit, str) else junit),
-                              None if record.get("probe_s") is None else float(record["probe_s"])))
+                              None if record.get("probe_s") is None else float(record["probe_s"]),
+                              _workers(record.get("probe_workers", 1), "probe_workers")))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise InvalidValue(f"{path}:{number}: not a step record ({err!r}): {line[:200]!r}") from None
     return steps
+
+
+def _workers(value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidValue(f"{where} must be a whole number of processes >= 1; got {value!r}")
+    return value
 
 
 def _positive(value, where: str) -> float:
@@ -203,7 +230,8 @@ def read_budgets(path: str | Path) -> Budgets:
                                str(table.get("what", "")))
     total = host.get("total_s")
     return Budgets(str(path), budgets, probe, factor,
-                   None if total is None else _positive(total, f"{path}: [host] total_s"))
+                   None if total is None else _positive(total, f"{path}: [host] total_s"),
+                   _workers(host.get("probe_workers", 1), f"{path}: [host] probe_workers"))
 
 
 def _workload() -> None:
@@ -216,18 +244,87 @@ def _workload() -> None:
     " ".join(str(len(v)) for v in table.values()).split()
 
 
-def probe_host(repeats: int = PROBE_REPEATS) -> float:
-    """Seconds this host takes for a fixed pure-Python workload, the fastest of ``repeats`` runs.
+# One probe process: the workload (its source, below) once per line on stdin, each run's seconds a line on stdout.
+_PROBE_PROCESS = """
+import sys, time
+{workload}
+print("ready", flush=True)
+for _ in sys.stdin:
+    start = time.perf_counter()
+    _workload()
+    print(time.perf_counter() - start, flush=True)
+"""
 
-    A relative speed: compare it only with a probe taken the same way (the budget file's ``probe_s``). The
-    fastest run is the least disturbed; under load it grows, as the tests' times do.
+
+def probe_host(repeats: int = PROBE_REPEATS, workers: int = 1) -> float:
+    """Seconds this host takes for a fixed pure-Python workload run in ``workers`` processes at once, the fastest
+    of ``repeats`` rounds (a round's time: the mean of its processes').
+
+    A relative speed: compare it only with a probe taken the same way (the budget file's ``probe_s``, with its
+    ``probe_workers``). With one worker the workload runs in this process; with more, in as many fresh
+    interpreters, each round started in all of them together, so two workers on cores that are one core's
+    hyper-threads, or shared with another load, each take longer than one alone, as a step's ``pytest -n 2``
+    workers do. The fastest round is the least disturbed; under load it grows, as the tests' times do.
+
+    Raises:
+        InvalidValue: ``workers`` or ``repeats`` is not a whole number >= 1.
+        RuntimeError: a probe process failed (its exit status and stderr).
     """
-    best = math.inf
-    for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        _workload()
-        best = min(best, time.perf_counter() - start)
-    return best
+    _workers(workers, "probe_host's workers")
+    _workers(repeats, "probe_host's repeats")
+    if workers == 1:
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _workload()
+            best = min(best, time.perf_counter() - start)
+        return best
+    # Fresh interpreters fed by pipes, not multiprocessing: its spawn re-imports the caller's main script, and a
+    # fork of a process with TensorFlow's threads (pytest's) can deadlock. -I: no PYTHON* variables, no user site.
+    code = _PROBE_PROCESS.format(workload=inspect.getsource(_workload))
+    processes = [subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(workers)]
+    try:
+        _answers(processes)  # each says "ready" once started: the first round starts in all of them together
+        rounds = []
+        for _ in range(repeats):
+            for process in processes:
+                assert process.stdin is not None
+                process.stdin.write("go\n")
+                process.stdin.flush()
+            rounds.append(sum(float(a) for a in _answers(processes)) / workers)
+        return min(rounds)
+    finally:
+        for process in processes:
+            if process.stdin is not None:
+                process.stdin.close()  # its loop ends
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+
+def _answers(processes: Sequence[subprocess.Popen]) -> list[str]:
+    """The next line of each probe process.
+
+    Raises:
+        RuntimeError: one ended instead (its exit status and stderr).
+    """
+    lines = []
+    for process in processes:
+        assert process.stdout is not None and process.stderr is not None
+        line = process.stdout.readline()
+        if not line:
+            status = process.wait()
+            raise RuntimeError(f"a probe process ({sys.executable}) exited with status {status}: "
+                               f"{process.stderr.read()[-2000:].strip()}")
+        lines.append(line.strip())
+    return lines
 
 
 def _table(rows: Iterable[Sequence[str]], header: Sequence[str], left: Sequence[int] = ()) -> list[str]:
@@ -278,10 +375,18 @@ def step_report(name: str, tests: Sequence[TestTime], wall_s: float | None = Non
 
 
 def judge(steps: Sequence[Step], budgets: Budgets | None, probe_s: float | None = None) -> list[Verdict]:
-    """Each step held against its budget, scaled to this host (``probe_s``, else the step's own probe)."""
+    """Each step held against its budget, scaled to this host (the step's own probe, else ``probe_s``: one taken
+    with the budget file's ``probe_workers``).
+
+    Raises:
+        InvalidValue: a step's probe ran in another number of processes than the budget file's (not comparable).
+    """
     verdicts = []
     for step in steps:
         budget = budgets.steps.get(step.name) if budgets else None
+        if budgets and step.probe_s is not None and step.probe_workers != budgets.probe_workers:
+            raise InvalidValue(f"step {step.name!r} was probed in {step.probe_workers} process(es) at once, "
+                               f"{budgets.path}'s probe_s in {budgets.probe_workers}: not comparable")
         scale = budgets.scale(step.probe_s if step.probe_s is not None else probe_s) if budgets else 1.0
         limit = budget.seconds * scale * budgets.fail_factor if budget and budgets else None
         verdicts.append(Verdict(step.name, step.wall_s, budget.seconds if budget else None, limit, scale))
@@ -300,25 +405,34 @@ def steps_table(steps: Sequence[Step], verdicts: Sequence[Verdict], budgets: Bud
     total = sum(s.wall_s for s in steps)
     lines = _table(rows, ["step", "wall s", "budget s", "of budget", "fails over s", "exit", "state"], left=(0,))
     total_budget = budgets.total_s if budgets else None
-    scale = max((v.scale for v in verdicts), default=1.0)
+    scales = [v.scale for v in verdicts if v.budget_s is not None]
     line = f"total: {total:.0f} s"
     if total_budget is not None:
         line += f" of {total_budget:.0f} s"
-    if scale > 1.05:  # below: within the probe's own noise
-        line += f" (this host {scale:.2f}x slower than the budgets' reference host: budgets scaled by it)"
+    if scales and (max(scales) > 1.05 or min(scales) < 0.95):  # within: the probe's own noise
+        low, high = min(scales), max(scales)
+        line += (f" (budgets scaled by this host's probe against the reference host's: x{low:.2f}"
+                 + (f" to x{high:.2f})" if high - low >= 0.005 else ")"))
     return "\n".join([*lines, line])
 
 
 def budget_line(label: str, wall_s: float, budget: Budget | None, budgets: Budgets | None,
                 probe_s: float | None = None) -> str:
-    """One line for the end of a pytest run: ``quick loop 312 s of its 480 s budget (...)``."""
+    """One line for the end of a pytest run, its budget scaled by this host's probe ``probe_s`` (taken with the
+    budget file's ``probe_workers``): ``quick loop: 512 s, budget 480 s x 1.07 (this host's probe 0.112 s vs
+    reference 0.105 s, 2 workers) = 514 s (.ci/test-budget.toml, [steps.quick])``."""
     if budget is None or budgets is None:
         return f"{label}: {wall_s:.0f} s (no budget for it)"
     scale = budgets.scale(probe_s)
-    line = f"{label}: {wall_s:.0f} s of its {budget.seconds:.0f} s budget ({budgets.path}, [steps.{budget.step}])"
-    if scale > 1.05:
-        line += f"; this host is {scale:.2f}x slower than the budget's reference host"
+    where = f"({budgets.path}, [steps.{budget.step}])"
+    if probe_s is None or probe_s <= 0:
+        line = f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s unscaled (no probe of this host) {where}"
+    else:
+        floor = "the floor; " if scale == SCALE_FLOOR and probe_s / budgets.probe_s < SCALE_FLOOR else ""
+        line = (f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s x {scale:.2f} ({floor}this host's probe "
+                f"{probe_s:.3f} s vs reference {budgets.probe_s:.3f} s, {budgets.probe_workers} "
+                f"worker{'s' if budgets.probe_workers > 1 else ''}) = {budget.seconds * scale:.0f} s {where}")
     limit = budget.seconds * scale * budgets.fail_factor
     if wall_s > limit:
-        line += f"; OVER {limit:.0f} s, where .ci/run fails"
+        line += f"; OVER {limit:.0f} s ({budgets.fail_factor:g} x the scaled budget), where .ci/run fails"
     return line

@@ -13,7 +13,7 @@ Exit status: 0 within budget (or no budget given), 1 a step over its budget, 2 a
 Examples:
     pytest -n 2 --junitxml quick.xml && harness test-time quick.xml
     harness test-time --steps steps.jsonl --budget .ci/test-budget.toml
-    harness test-time --probe        # this host's speed probe (seconds; the budget file's probe_s)
+    harness test-time --probe        # this host's speed probe (seconds, 2 workers; the budget file's probe_s)
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--files", type=int, default=15, metavar="N", help="test files shown per step (default 15)")
     p.add_argument("--table-only", action="store_true", help="with --steps: the table and verdicts alone")
     p.add_argument("--probe", action="store_true",
-                   help="print this host's speed probe in seconds (lower is faster) and nothing else")
+                   help="print this host's speed probe in seconds (lower is faster), run in as many processes at "
+                        "once as the CI steps' workers (2, as the budget file's probe_s), and nothing else")
     p.set_defaults(run=run)
 
 
@@ -43,7 +44,7 @@ def run(args) -> int:
     from harness.ci import testtime
 
     if args.probe:
-        print(f"{testtime.probe_host():.4f}")
+        print(f"{testtime.probe_host(workers=testtime.PROBE_WORKERS):.4f}")
         return 0
     if args.top < 0 or args.files < 0:
         raise InvalidValue(f"--top and --files must be >= 0; got --top {args.top} --files {args.files}")

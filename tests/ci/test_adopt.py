@@ -85,6 +85,7 @@ def _said(done: subprocess.CompletedProcess) -> str:
     return f"exit {done.returncode}\n--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
 
 
+@pytest.mark.usefixtures("keras3")  # the adopter's model is written for Keras 3 (keras-io's style, keras.ops)
 def test_a_repository_adopts_harness(tmp_path, emulation):
     repo = tmp_path / "digits-repo"
     repo.mkdir()

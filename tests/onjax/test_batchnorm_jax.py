@@ -18,6 +18,8 @@ pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/de
 
 CASES = ROOT / "tests" / "onjax" / "batchnorm_cases.py"
 FLOAT64 = 1e-12  # float64 rounding, amplified by a few steps of training (measured at most 3.3e-14: raw_features)
+QUICK = ("tests/onjax/test_batchnorm_jax.py::"  # the quick loop's case, which the extended tests' claims name
+         "test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_shard")
 
 
 def _rows(*args: str) -> list[dict]:
@@ -39,7 +41,8 @@ def test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_s
     _exact(row)
 
 
-@pytest.mark.extended  # ~2 min; the quick test above covers the cut, the combination and its backward pass
+@pytest.mark.extended  # ~2 min; the quick test above, the cut, the combination and its backward pass
+@pytest.mark.covered_by(QUICK)
 def test_every_batchnorm_form_equals_one_device_at_uneven_splits():
     # At 7:2:1, the split with a one-row shard (5:3:2: the pinned cases of test_onjax.py and the JAX zoo).
     rows = _rows("resnet_block", "channels_first", "masked", "frozen_base", "renorm", "--ratios", "7:2:1")
@@ -50,6 +53,7 @@ def test_every_batchnorm_form_equals_one_device_at_uneven_splits():
 
 
 @pytest.mark.extended  # ~1 min; the quick test above runs the correct combination
+@pytest.mark.covered_by(QUICK)
 @pytest.mark.parametrize("plant", ["mean-of-means", "no-statistics-gradient"])
 def test_a_mean_of_means_or_a_lost_statistics_gradient_is_far_from_one_device(plant):
     (row,) = _rows("nested", "--ratios", "7:2:1", "--plant", plant, "--precisions", "float64")

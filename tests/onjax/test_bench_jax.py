@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from jax_process import run_harness_cli  # tests/onjax/jax_process.py
+from jax_process import run_harness_cli, run_jax  # tests/onjax/jax_process.py
 
 pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
 
@@ -27,12 +27,47 @@ def only_record(directory: Path, kind: str) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.extended  # 9 s; scripts/wheel-smoke (.ci/run's wheel step) runs harness compare --backend jax too
-def test_run_on_three_cpu_devices_by_ratios(tmp_path):
-    done = harness("run", "--backend", "jax", "--logical-cpus", "3", "--ratios", "5", "3", "2", "--batch", "100",
-                   *FAST, "--results-dir", str(tmp_path))
-    assert done.returncode == 0, done.stderr[-4000:]
-    record = only_record(tmp_path, "run")
+# harness run twice in one JAX process (one import of JAX and Keras): as it is, then with a planted defect of the
+# per-device figures, each device's share counted from the whole batch instead of its own rows.
+_RUN_AND_PLANTED = """
+import contextlib, io, json
+from harness.bench import jaxbench
+from harness.cli import main
+
+def run(results):
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        status = main([*ARGS, "--results-dir", results])
+    return status, said.getvalue()
+
+runs = [run(RESULTS[0])]
+shares = jaxbench._window_record
+
+def whole_batch_shares(window, config):
+    record = shares(window, config)
+    for device in record["devices"]:
+        device["samples_per_second"] = config.batch * window.steps / window.seconds
+    return record
+
+jaxbench._window_record = whole_batch_shares
+runs.append(run(RESULTS[1]))
+print(json.dumps(runs))
+"""
+
+
+def _shares_add_up(record: dict) -> bool:
+    """Whether each window's per-device samples/s (each device's rows of its samples) sum to the window's."""
+    return all(sum(d["samples_per_second"] for d in window["devices"]) == pytest.approx(window["samples_per_second"])
+               for window in record["result"]["windows"])
+
+
+def test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails(tmp_path):
+    results = [str(tmp_path / "run"), str(tmp_path / "planted")]
+    args = ["run", "--backend", "jax", "--logical-cpus", "3", "--ratios", "5", "3", "2", "--batch", "100", *FAST]
+    done = run_jax(f"RESULTS = {results!r}\nARGS = {args!r}\n" + _RUN_AND_PLANTED, timeout=180)
+    (status, said), (planted_status, _) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status == planted_status == 0, done.stderr[-4000:]
+    record = only_record(tmp_path / "run", "run")
     assert record["status"] == "complete" and record["backend"] == "jax"
     assert record["config"]["backend"] == "jax" and record["result"]["config"]["backend"] == "jax"
     assert record["result"]["config"]["batches"] == [50, 30, 20]
@@ -42,12 +77,13 @@ def test_run_on_three_cpu_devices_by_ratios(tmp_path):
     devices = summary["devices"]
     assert [d["device"] for d in devices] == ["cpu:0", "cpu:1", "cpu:2"]
     assert all(d["source"] == "jax share" and d["samples_per_second"]["median"] > 0 for d in devices)
-    window = record["result"]["windows"][0]  # each device's share: its rows of the window's samples
-    assert sum(d["samples_per_second"] for d in window["devices"]) == pytest.approx(window["samples_per_second"])
-    assert "jax share" in done.stdout and "samples/s" in done.stdout
+    assert _shares_add_up(record)
+    assert "jax share" in said and "samples/s" in said
+    assert not _shares_add_up(only_record(tmp_path / "planted", "run"))
 
 
-@pytest.mark.extended  # 8 s; the quick loop runs harness run --backend jax (the same runner) above
+@pytest.mark.extended  # 8 s
+@pytest.mark.covered_by("tests/onjax/test_bench_jax.py::test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails")
 def test_compare_writes_rows_json_and_chart(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib: harness' [bench] extra draws the chart")
     done = harness("compare", "--backend", "jax", "--logical-cpus", "2", "--batch", "64", "--ratios", "3", "1",

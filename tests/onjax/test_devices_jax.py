@@ -189,7 +189,9 @@ print(json.dumps({"single": [final_loss(s, False) for s in range(12)],
 """
 
 
-@pytest.mark.extended  # ~40 s; the quick test above covers each device's own draws and the seed's advance
+@pytest.mark.extended  # ~40 s; the quick test above, each device's own draws and the seed's advance
+@pytest.mark.covered_by("tests/onjax/test_devices_jax.py::test_equal_slices_draw_their_own_masks_at_the_keep_rate_and_"
+                        "the_seed_advances_as_on_one_device")
 def test_a_dropout_model_trained_in_parallel_ends_within_the_spread_of_single_device_seeds():
     # Equal in distribution, not in value: the final loss (Dropout off) of 3 parallel runs at [5, 3, 2] against 12
     # single-device runs from the same weights that differ only in the Dropout's seed. The means may differ by at

@@ -133,8 +133,8 @@ def test_a_planted_batch_mixing_layer_exits_1(team):
     assert row["max_deviation"] > 1e-4, row
 
 
-# ~60 s on 2 busy cores; test_a_planted_batch_mixing_layer_exits_1 runs the same path in the quick loop
-@pytest.mark.extended
+@pytest.mark.extended  # ~60 s on 2 busy cores; the planted batch-mixing layer runs the same path
+@pytest.mark.covered_by("tests/onjax/test_user_model_jax.py::test_a_planted_batch_mixing_layer_exits_1")
 def test_the_teams_own_models_are_exact_exit_0(team):
     """The MLP with batches made up from its inputs and loss (no --data), and the BatchNormalization convnet with
     its own arrays: BN's statistics are the whole batch's across the uneven shards."""

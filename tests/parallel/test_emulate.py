@@ -107,8 +107,9 @@ def test_devices_overlap_like_real_gpus(accuracy):
     assert accuracy["ratio"]["busy_rate"] == pytest.approx([fast, slow], rel=0.10)
 
 
-@pytest.mark.extended  # its fixture's runs (18 s) are the timing tests' (opt-in); the quick loop's
-# test_the_oom_is_resource_exhausted_error and test_harness_run_out_of_memory_fails_cleanly_and_records_it cover it
+@pytest.mark.extended  # its fixture's runs (18 s) are the timing tests' (opt-in)
+@pytest.mark.covered_by("tests/parallel/test_emulate.py::test_the_oom_is_resource_exhausted_error",
+                        "tests/parallel/test_emulate.py::test_harness_run_out_of_memory_fails_cleanly_and_records_it")
 def test_beyond_maxbatch_is_tensorflows_out_of_memory(accuracy):
     assert accuracy["oom"]["status"] == "oom"
     assert accuracy["oom"]["error"] == (

@@ -61,8 +61,14 @@ def test_batchnorm_moving_averages_are_whole_batch(logical_devices, any_keras, m
     assert moving and max(d.deviation for d in moving) < 1e-6
 
 
-@pytest.mark.keras2_extended  # Keras 2's per-device BN defect quick: test_fidelity.py (float64)
-@pytest.mark.parametrize("method", METHODS)
+def _keras2_mirrored_extended(test: str) -> list:
+    """``method``'s cases: both quick on Keras 3; on Keras 2 towers quick, mirrored extended (``keras2_extended``),
+    its path the Keras 2 towers case's (``covered_by``)."""
+    towers = f"tests/parallel/test_equivalence.py::{test}[keras2-towers]"
+    return ["towers", pytest.param("mirrored", marks=[pytest.mark.keras2_extended, pytest.mark.covered_by(towers)])]
+
+
+@pytest.mark.parametrize("method", _keras2_mirrored_extended("test_per_device_batchnorm_is_not_exact"))
 def test_per_device_batchnorm_is_not_exact(logical_devices, any_keras, method):
     # The control: sync_batchnorm=False keeps per-device statistics, so the comparisons above can fail.
     k = any_keras
@@ -252,8 +258,7 @@ def test_compared_models_leave_no_graph_behind(logical_devices, any_keras):
     assert names() == before
 
 
-@pytest.mark.keras2_extended  # Keras 2's shared runs quick: every Keras 2 grid case above uses them
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", _keras2_mirrored_extended("test_cases_of_one_model_share_its_traced_parallel_model"))
 def test_cases_of_one_model_share_its_traced_parallel_model(logical_devices, any_keras, method, monkeypatch):
     """``compare_training(single_runs=...)`` keeps the parallel model of each method and device list: the
     next split over the same devices restores the initial weights and optimizer state and calls
@@ -289,7 +294,10 @@ def test_cases_of_one_model_share_its_traced_parallel_model(logical_devices, any
     assert compared([2, 3]).max_deviation > 1e-4  # the momentum of the last run carried over
 
 
-@pytest.mark.keras2_extended  # Keras 2's float64 reference quick: test_fidelity.py's keras2 test
+@pytest.mark.keras2_extended  # Keras 2's float64 reference, and its shared parallel model in float32
+@pytest.mark.covered_by("tests/parallel/test_fidelity.py::test_keras2_gets_a_float64_reference",
+                        "tests/parallel/test_equivalence.py::test_cases_of_one_model_share_its_traced_parallel_model"
+                        "[keras2-towers]")
 def test_the_parallel_float64_model_is_shared_too(logical_devices, any_keras):
     """With ``reference="float64"`` the parallel model in float64 is kept and restored like the float32 one:
     the reused run still equals one device in float64."""

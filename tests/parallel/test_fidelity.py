@@ -220,6 +220,10 @@ def _mobilenet_blocks(depth=8, width=24):
 
 # Extended (45 s; mirrored slow): the quick loop's "as accurate as one device" verdicts on a chaotic net are
 # tests/parallel/test_floor.py's, both methods.
+_CHAOTIC = "tests/parallel/test_floor.py::test_a_chaotic_but_correct_net_is_as_accurate_as_one_device"
+
+
+@pytest.mark.covered_by(f"{_CHAOTIC}[towers]", f"{_CHAOTIC}[mirrored]")
 @pytest.mark.parametrize("method", [pytest.param("towers", marks=pytest.mark.extended),
                                     pytest.param("mirrored", marks=pytest.mark.slow)])
 def test_batchnorm_cnn_rounding_is_as_accurate_as_one_device(logical_devices, method):

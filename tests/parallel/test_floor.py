@@ -74,8 +74,10 @@ def _judged(k, build, devices, method="mirrored", epochs=2, lr=0.1, **kwargs):
 # the rows reversed and the distance from float64: reversing rows changes nothing there, 2.1e-7, and the float64
 # distance, 3.5e-5, is the model's float16 rounding, not a split's; the sub-batches' order is 3.6e-5, and a
 # correct split lands on it: 1.0 x).
-@pytest.mark.parametrize("policy", [None, pytest.param("mixed_float16", marks=pytest.mark.extended)])  # quick: None's
-# float16 sum (the same planted defect) and test_a_mixed_precision_floor_spans_the_optimizer_state
+@pytest.mark.parametrize("policy", [None, pytest.param("mixed_float16", marks=[  # None's: the same planted defect
+    pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_floor.py::test_a_defect_of_float32_arithmetic_alone_fails[None]",
+        "tests/parallel/test_floor.py::test_a_mixed_precision_floor_spans_the_optimizer_state")])])
 def test_a_defect_of_float32_arithmetic_alone_fails(logical_devices, keras3, monkeypatch, policy):
     k = keras3
     _plant_low_precision_sum(monkeypatch, "float16")
@@ -109,6 +111,7 @@ def _plant_per_device_loss_scale(monkeypatch, k):
 
 
 @pytest.mark.extended  # 12 epochs, twice (20 s): the quick loop keeps the float16 sums above
+@pytest.mark.covered_by("tests/parallel/test_floor.py::test_a_defect_of_float32_arithmetic_alone_fails[None]")
 @pytest.mark.parametrize("planted", [False, True])
 def test_per_device_loss_scaling_fails_on_a_chaotic_model(logical_devices, keras3, monkeypatch, planted):
     """A deep ReLU net under mixed_float16 (lr 0.1, 12 epochs): float16 rounding grows until one device is 8.4e-2

@@ -49,7 +49,8 @@ def test_built_in_losses_decompose_custom_ones_gather(logical_devices, any_keras
     assert "ignores a class" in _reason(k, logical_devices, k.losses.SparseCategoricalCrossentropy(ignore_class=0))
 
 
-@pytest.mark.keras2_extended  # Keras 2's gather quick: test_a_loss_mixing_samples_needs_the_gather[keras2]
+@pytest.mark.keras2_extended  # Keras 2's gather
+@pytest.mark.covered_by("tests/parallel/test_local_loss.py::test_a_loss_mixing_samples_needs_the_gather[keras2]")
 def test_a_masked_output_gathers(logical_devices, any_keras):
     k = any_keras
     k.utils.set_random_seed(0)

@@ -38,28 +38,46 @@ def _cluster_run(workers: int, *args: str, devices=None, keep_going: bool = Fals
     return result, reports, out.getvalue() + err.getvalue(), seconds
 
 
+_HERE = "tests/parallel/test_multiworker.py::"
+_CLUSTER = f"{_HERE}test_a_cluster_step_equals_the_single_device_step"
+
+
 @pytest.mark.parametrize("workers, devices, args", [
     (2, None, ["dense", "3:1", "62", "20", "--save", "{tmp}"]),  # last batch 2: one row per worker
     # last batch 1: empty devices. Extended: the quick loop's 1+2 cluster with an empty device is
     # test_harness_check_under_harness_launch_checks_across_workers (cnn_bn), its sample weights 2w-keras2-bn.
-    pytest.param(2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"], marks=pytest.mark.extended),
+    pytest.param(2, [1, 2], ["bn", "1:2:3", "61", "20", "--sample-weight", "--activity"], marks=[
+        pytest.mark.extended, pytest.mark.covered_by(
+            f"{_HERE}test_harness_check_under_harness_launch_checks_across_workers",
+            f"{_CLUSTER}[2w-keras2-bn-1:2-weights]")]),
     pytest.param(3, [2, 1, 1], ["bn", "5:3:2:1", "45", "16"], marks=pytest.mark.extended),  # last batch 13
-    (2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"]),  # Keras 2: its SyncBN drifted (0.0094)
-    pytest.param(2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"], marks=pytest.mark.extended),
+    # Keras 2 (marked keras2: the test asks for the keras2 fixture by name): its SyncBN drifted (0.0094)
+    pytest.param(2, None, ["bn", "1:2", "61", "20", "--sample-weight", "--keras2"], marks=pytest.mark.keras2),
+    pytest.param(2, [2, 1], ["dense", "2:1:3", "61", "20", "--keras2"],
+                 marks=[pytest.mark.extended, pytest.mark.keras2]),
     # The split tuned while it trains. Extended: quick, test_run_workers.py's re-split of every worker alike.
-    pytest.param(2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"], marks=pytest.mark.extended),
+    pytest.param(2, None, ["dense", "auto", "600", "30", "--emulate", "400,200"], marks=[
+        pytest.mark.extended, pytest.mark.covered_by(
+            "tests/unit/test_run_workers.py::test_rebalance_across_workers_re_splits_every_worker_alike")]),
     # Optimizer options clip, accumulate and average the whole cluster's gradient, as one device does.
     pytest.param(2, [1, 2], ["dense", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, global_clipnorm=0.05)"],
                  marks=pytest.mark.extended),
-    # Extended: quick, the options over one process's devices (test_optimizer_options.py) and 2w-dense-3:1's cluster.
+    # Extended: quick, the options over one process's devices (test_optimizer_options.py's own optimizer: clipnorm,
+    # accumulation, EMA) and 2w-dense-3:1's cluster.
     pytest.param(2, None, ["dense", "3:1", "62", "20", "--optimizer", "SGD(0.1, clipvalue=0.01, use_ema=True, "
-                           "ema_overwrite_frequency=3, gradient_accumulation_steps=2)"], marks=pytest.mark.extended),
+                           "ema_overwrite_frequency=3, gradient_accumulation_steps=2)"], marks=[
+        pytest.mark.extended, pytest.mark.covered_by(
+            "tests/parallel/test_optimizer_options.py::test_the_users_own_optimizer_object_steps_the_mirrored_model"
+            "[own-optimizer]", f"{_CLUSTER}[2w-dense-3:1]")]),
     pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)"],
                  marks=pytest.mark.extended),  # sparse rows
     # Keras 2's sparse rows across workers: extended; the quick loop keeps Keras 2's cluster (bn above) and its
     # sparse rows in one process (tests/parallel/test_sparse.py).
     pytest.param(2, [2, 1], ["tokens", "1:2:3", "61", "20", "--optimizer", "Adam(0.05, clipnorm=0.01)", "--keras2"],
-                 marks=pytest.mark.extended),
+                 marks=[pytest.mark.extended, pytest.mark.keras2, pytest.mark.covered_by(
+                     f"{_CLUSTER}[2w-keras2-bn-1:2-weights]",
+                     "tests/parallel/test_sparse.py::test_lookups_of_every_shape_under_adam[keras2-broadcast-towers-2]",
+                     "tests/parallel/test_sparse.py::test_lookups_of_every_shape_under_adam[keras2-broadcast-mirrored-2]")]),
 ], ids=["2w-dense-3:1", "2w-1+2-bn-1:2:3-weights", "3w-2+1+1-bn-5:3:2:1", "2w-keras2-bn-1:2-weights",
         "2w-2+1-keras2-dense-2:1:3", "2w-auto-emulated-400,200", "2w-1+2-global-clipnorm", "2w-clip-ema-accumulation",
         "2w-2+1-tokens-clipnorm", "2w-2+1-keras2-tokens-clipnorm"])

@@ -73,7 +73,13 @@ def runs(tmp_path_factory):
 # The clusters (Keras 2's three: 48 s; Keras 3's kill-and-relaunch: 22 s) run in the extended step; backup and
 # restore stays in the quick loop in one process (test_a_plain_keras_model_in_one_process_resumes_exactly_too, the
 # refusals below) and across workers in test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each.
+_RESUME = "tests/parallel/test_multiworker_resume.py::"
+
+
 @pytest.mark.extended
+@pytest.mark.covered_by(f"{_RESUME}test_a_plain_keras_model_in_one_process_resumes_exactly_too[keras3]",
+                        f"{_RESUME}test_a_plain_keras_model_in_one_process_resumes_exactly_too[keras2]",
+                        f"{_RESUME}test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each[keras3]")
 def test_a_killed_run_relaunched_resumes_from_the_backup_to_the_uninterrupted_weights(runs, any_keras):
     run = runs(any_keras)
     (result, reports, output, _) = run["killed"]
@@ -133,7 +139,9 @@ def test_keras_own_backup_and_restore_resumes_to_other_weights(runs, tmp_path, k
     assert _deviation(resumed[0], a[0]) > 1e-3
 
 
-@pytest.mark.keras2_extended
+@pytest.mark.keras2_extended  # 9 s: a Keras 2 cluster; the check across workers is harness' own, alike for each Keras
+@pytest.mark.covered_by(f"{_RESUME}test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each[keras3]",
+                        f"{_RESUME}test_a_plain_keras_model_in_one_process_resumes_exactly_too[keras2]")
 def test_workers_that_read_different_checkpoints_stop_with_an_error_naming_each(runs, tmp_path, any_keras):
     """A backup directory not every worker sees (each its own here): the chief finds a checkpoint, worker 1 none."""
     run = runs(any_keras)

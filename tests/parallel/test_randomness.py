@@ -163,7 +163,16 @@ def test_a_random_keras2_classifier_is_judged_with_its_randomness_off(logical_de
 CLASSIFIER = '''
 import keras
 import numpy as np
+import tensorflow as tf
 from keras import layers
+
+
+class BatchCentre(layers.Layer):
+    """Subtracts the batch's mean feature: each row's output depends on the other rows of its batch (TensorFlow's
+    mean: the model file runs on the environment's keras, Keras 2 in the tf215 env)."""
+
+    def call(self, x):
+        return x - tf.reduce_mean(x, axis=0, keepdims=True)
 
 
 def build():
@@ -177,6 +186,14 @@ def build():
     return model
 
 
+def build_mixing():  # planted: a Dropout model whose difference no randomness explains (small: cheap to trace)
+    inputs = keras.Input((6, 6, 2))
+    x = layers.Dropout(0.5)(BatchCentre()(layers.Flatten()(inputs)))
+    model = keras.Model(inputs, layers.Dense(3, activation="softmax")(x))
+    model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    return model
+
+
 def data(batch_size):
     rng = np.random.default_rng(0)
     return rng.normal(size=(4 * batch_size, 6, 6, 2)).astype("float32"), np.eye(3, dtype="float32")[
@@ -184,17 +201,23 @@ def data(batch_size):
 '''
 
 
-@pytest.mark.extended  # the quick loop's harness check of a Dropout model: tests/parallel/test_user_model.py
-def test_check_passes_a_random_classifier_and_names_its_random_layers(tmp_path):
+@pytest.mark.parametrize("method", ["towers", pytest.param("mirrored", marks=[
+    pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_randomness.py::test_check_passes_a_random_classifier_and_fails_a_planted_one[towers]")])])
+def test_check_passes_a_random_classifier_and_fails_a_planted_one(tmp_path, method):
+    """``harness check --model`` of a Dropout model: judged with its randomness off, its random layers named, the
+    run with them on beside it; the same model with a layer mixing the batch's rows still fails (exit 1)."""
     (tmp_path / "classifier.py").write_text(textwrap.dedent(CLASSIFIER))
-    spec = f"{tmp_path}/classifier.py:build"
-    done = run_harness(["check", "--model", spec, "--data", f"{tmp_path}/classifier.py:data", "--logical-cpus", "2",
-                        "--ratios", "3", "2", "--samples", "22", "--batch-size", "8", "--time-steps", "0", "--json"],
-                       tmp_path)
-    assert done.returncode == 0, done.stderr[-4000:]
-    rows = json.loads(done.stdout)["equivalence"]
-    assert [r["method"] for r in rows] == ["towers", "mirrored"]
-    for row in rows:
-        assert row["passed"] and row["verdict"] == "exact" and row["max_deviation"] <= 1e-6, row
-        assert row["random_layers"] == ["RandomFlip", "Dropout"]
-        assert row["with_randomness"]["verdict"] == "FAIL" and row["with_randomness"]["max_deviation"] > 1e-4
+    exact, mixing = f"{tmp_path}/classifier.py:build", f"{tmp_path}/classifier.py:build_mixing"
+    done = run_harness(["check", "--model", exact, mixing, "--data", f"{tmp_path}/classifier.py:data",
+                        "--logical-cpus", "2", "--ratios", "3", "2", "--methods", method, "--samples", "22",
+                        "--batch-size", "8", "--time-steps", "0", "--json"], tmp_path)
+    assert done.returncode == 1, done.stderr[-4000:]  # the planted model fails: the exit status says so
+    rows = {row["model"]: row for row in json.loads(done.stdout)["equivalence"]}
+    assert [(row["method"], row["random_layers"]) for row in rows.values()] == [
+        (method, ["RandomFlip", "Dropout"]), (method, ["Dropout"])]
+    row = rows[exact]
+    assert row["passed"] and row["verdict"] == "exact" and row["max_deviation"] <= 1e-6, row
+    assert row["with_randomness"]["verdict"] == "FAIL" and row["with_randomness"]["max_deviation"] > 1e-4
+    row = rows[mixing]
+    assert not row["passed"] and row["verdict"] == "FAIL" and row["max_deviation"] > 1e-4, row

@@ -73,8 +73,13 @@ def test_lookups_of_every_shape_under_adam(logical_devices, any_keras, kind, met
 
 # clipnorm and adagrad extended: quick, global_clipnorm's norm of the rows summed over devices and rmsprop's
 # accumulator of squared rows (the same mechanisms)
-@pytest.mark.parametrize("optimizer", [pytest.param("clipnorm", marks=pytest.mark.extended), "global_clipnorm",
-                                       pytest.param("adagrad", marks=pytest.mark.extended), "rmsprop"])
+@pytest.mark.parametrize("optimizer", [
+    pytest.param("clipnorm", marks=[pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_sparse.py::test_row_sensitive_settings_on_lookups[global_clipnorm]")]),
+    "global_clipnorm",
+    pytest.param("adagrad", marks=[pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_sparse.py::test_row_sensitive_settings_on_lookups[rmsprop]")]),
+    "rmsprop"])
 def test_row_sensitive_settings_on_lookups(logical_devices, keras3, optimizer):
     # RMSprop(centered=True) fails on one device already on repeated rows: tests/upstream/test_optimizers.py.
     k = keras3

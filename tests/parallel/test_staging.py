@@ -66,6 +66,8 @@ def test_a_staged_fit_trains_like_an_unstaged_one(logical_devices, any_keras, me
 
 
 @pytest.mark.extended  # the quick loop keeps the comparison; its planted defects run in the deeper half
+@pytest.mark.covered_by("tests/parallel/test_staging.py::test_a_staged_fit_trains_like_an_unstaged_one[keras3-towers]",
+                        "tests/parallel/test_staging.py::test_a_staged_fit_trains_like_an_unstaged_one[keras3-mirrored]")
 def test_a_batch_staged_from_another_iterator_is_dropped(logical_devices, monkeypatch):
     """The planted defect: a stager that trains what it staged whatever iterator it came from carries the
     end of one epoch's data into the next (its first step ends it at once): the fit is no longer the

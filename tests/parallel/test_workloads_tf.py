@@ -54,7 +54,9 @@ def test_full_models_end_in_logits():
 
 
 @pytest.mark.parametrize("name", [  # mlp_head8192 extended: quick, mlp_head10 (the same MLP, a 10-class head)
-    pytest.param(n, marks=[pytest.mark.extended] if n == "mlp_head8192" else []) for n in NAMES])
+    pytest.param(n, marks=[pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_workloads_tf.py::test_tiny_trains_on_its_pipeline_and_learns[mlp_head10]")]
+                 if n == "mlp_head8192" else []) for n in NAMES])
 def test_tiny_trains_on_its_pipeline_and_learns(name):
     w = workloads.get(name)
     model = _compiled(w)

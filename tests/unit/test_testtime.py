@@ -1,6 +1,7 @@
 """harness test-time: where a run's time went (JUnit + the plugin's properties) and the steps against their budget."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -65,11 +66,41 @@ def test_a_step_fails_only_far_beyond_its_budget_scaled_to_the_host(files):
     budgets = testtime.read_budgets(files / "budget.toml")
     at = {wall: testtime.judge([testtime.Step("quick", wall, 0, probe_s=0.1)], budgets)[0] for wall in (59, 61)}
     assert not at[59].over and at[61].over and at[61].limit_s == pytest.approx(60)
-    # A host twice as slow (its probe takes twice as long) gets twice the budget; a faster one keeps it.
+    # A host twice as slow (its probe takes twice as long) gets twice the budget.
     slow_host = testtime.judge([testtime.Step("quick", 100, 0, probe_s=0.2)], budgets)[0]
-    fast_host = testtime.judge([testtime.Step("quick", 61, 0, probe_s=0.05)], budgets)[0]
-    assert (slow_host.over, slow_host.limit_s, fast_host.over) == (False, pytest.approx(120), True)
+    assert (slow_host.over, slow_host.limit_s) == (False, pytest.approx(120))
     assert testtime.judge([testtime.Step("docs", 1e6, 0)], budgets)[0].over is False  # no budget: no verdict
+
+
+def test_a_faster_host_lowers_the_budget_so_a_step_that_doubled_fails_there(files):
+    """The planted defect: budgets scaled one way (max(1, probe / reference)) keep the reference's 60 s limit on a
+    host whose probe says 0.6 x, where the step's 24 s doubled (48 s) would pass."""
+    budgets = testtime.read_budgets(files / "budget.toml")
+    usual, doubled = (testtime.judge([testtime.Step("quick", wall, 0, probe_s=0.06)], budgets)[0] for wall in (24, 48))
+    assert not usual.over and doubled.over
+    assert (usual.scale, usual.limit_s) == (pytest.approx(0.6), pytest.approx(36))  # 40 s x 0.6 x 1.5
+    # However fast a probe reads, the budget keeps SCALE_FLOOR of itself: 40 s x 0.5 x 1.5 = 30 s.
+    floored = testtime.judge([testtime.Step("quick", 29, 0, probe_s=0.001)], budgets)[0]
+    assert (floored.scale, floored.limit_s, floored.over) == (testtime.SCALE_FLOOR, pytest.approx(30), False)
+    line = testtime.budget_line("quick loop", 48, budgets.steps["quick"], budgets, 0.06)
+    assert line == ("quick loop: 48 s, budget 40 s x 0.60 (this host's probe 0.060 s vs reference 0.100 s, 1 worker) "
+                    f"= 24 s ({budgets.path}, [steps.quick]); OVER 36 s (1.5 x the scaled budget), where .ci/run fails")
+    assert "x 0.50 (the floor; this host's probe 0.001 s" in testtime.budget_line(
+        "quick loop", 1, budgets.steps["quick"], budgets, 0.001)
+    assert testtime.budget_line("quick loop", 61, budgets.steps["quick"], budgets, None) == (
+        f"quick loop: 61 s, budget 40 s unscaled (no probe of this host) ({budgets.path}, [steps.quick]); OVER 60 s "
+        "(1.5 x the scaled budget), where .ci/run fails")
+
+
+def test_a_probe_taken_with_other_workers_than_the_budgets_is_refused(files):
+    (files / "b2.toml").write_text(BUDGET.replace("fail_factor", "probe_workers = 2\nfail_factor"))
+    budgets = testtime.read_budgets(files / "b2.toml")
+    steps = testtime.read_steps(_steps(files / "s.jsonl", {"step": "quick", "wall_s": 50, "status": 0, "probe_s": 0.1,
+                                                           "probe_workers": 2}))
+    assert (budgets.probe_workers, steps[0].probe_workers, testtime.judge(steps, budgets)[0].over) == (2, 2, False)
+    old = testtime.read_steps(_steps(files / "s.jsonl", {"step": "quick", "wall_s": 50, "status": 0, "probe_s": 0.1}))
+    with pytest.raises(ValueError, match="step 'quick' was probed in 1 process.* probe_s in 2: not comparable"):
+        testtime.judge(old, budgets)
 
 
 def test_the_command_prints_the_table_and_exits_1_naming_a_step_over_budget(files, capsys):
@@ -92,6 +123,8 @@ def test_the_command_prints_the_table_and_exits_1_naming_a_step_over_budget(file
     ("[host]\nprobe_s = 1\n", r"needs a \[host\] table and at least one \[steps.NAME\] table"),
     ("[host\n", "is not TOML"),
     ("[host]\nprobe_s = 1\nfail_factor = 0.5\n[steps.quick]\nseconds = 1\n", "fail_factor must be at least 1"),
+    ("[host]\nprobe_s = 1\nprobe_workers = 0\n[steps.quick]\nseconds = 1\n",
+     r"\[host\] probe_workers must be a whole number of processes >= 1; got 0"),
 ])
 def test_a_bad_budget_file_is_named_and_exits_2(tmp_path, capsys, text, message):
     (tmp_path / "b.toml").write_text(text)
@@ -113,8 +146,43 @@ def test_bad_inputs_exit_2_naming_them(tmp_path, capsys):
         assert said in capsys.readouterr().err
 
 
-def test_the_probe_is_a_positive_time():
+def test_the_probe_is_a_positive_time_in_one_process_or_several(monkeypatch):
     assert 0 < testtime.probe_host(1) < 60
+    assert 0 < testtime.probe_host(1, workers=2) < 60
+    with pytest.raises(ValueError, match="probe_host's workers must be a whole number of processes >= 1; got 0"):
+        testtime.probe_host(1, workers=0)
+    # A probe process that fails is named with its stderr, not waited on.
+    # The source of the workload formatted into nothing (!r:.0): the process exits at once.
+    monkeypatch.setattr(testtime, "_PROBE_PROCESS", "raise SystemExit('planted: no workload {workload!r:.0}')")
+    with pytest.raises(RuntimeError, match="a probe process .* exited with status 1: planted: no workload"):
+        testtime.probe_host(1, workers=2)
+
+
+PINNED_PROBES = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from harness.ci.testtime import probe_host
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU: the probe processes inherit it
+alone, shared = [], []
+for _ in range(2):
+    alone.append(probe_host(3, workers=1))
+    shared.append(probe_host(3, workers=2))
+print(min(alone), min(shared))
+"""
+
+
+@pytest.mark.timing
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
+def test_two_probe_workers_sharing_one_core_each_read_slower_than_one_alone():
+    """Two workers on one CPU (one core's hyper-threads, or a core another load shares) take ~2x one alone each:
+    1.5x beside one more busy process, 1.33x beside two (CI's load step). The planted defects: workers run one
+    after the other (~1x), or the round's time divided among them (~0.5x). About 2 s on an idle 2-core host
+    (20 s under a CI run and other tests' load)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", PINNED_PROBES, root], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone, shared = map(float, done.stdout.split())
+    assert shared > 1.25 * alone, (alone, shared)
 
 
 PLUGIN_RUN = '''
@@ -136,7 +204,8 @@ def test_the_plugin_records_markers_and_the_tensorflow_processes_each_test_start
     """The planted defects: a watch that misses a child loading TensorFlow, or counts one that does not."""
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["harness.pytest_plugin"]\n')
     (tmp_path / "test_run.py").write_text("import pytest\n" + textwrap.dedent(PLUGIN_RUN))
-    (tmp_path / "budget.toml").write_text(BUDGET)
+    # The reference probe at 2 workers: the plugin probes with 2 processes from a process that loaded TensorFlow.
+    (tmp_path / "budget.toml").write_text(BUDGET.replace("fail_factor", "probe_workers = 2\nfail_factor"))
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--junitxml", "run.xml",
                            "--time-budget", "quick", "--time-budget-file", "budget.toml", "test_run.py"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -145,4 +214,6 @@ def test_the_plugin_records_markers_and_the_tensorflow_processes_each_test_start
     assert {n: (t.markers, t.tf_processes) for n, t in found.items()} == {
         "test_starts_tensorflow": ((), 1), "test_starts_plain_python": ((), 0), "test_marked": (("timing",), 0)}
     assert "harness: quick loop: " in done.stdout
-    assert " s of its 40 s budget (budget.toml, [steps.quick])" in done.stdout
+    assert " s, budget 40 s x " in done.stdout and " s vs reference 0.100 s, 2 workers) = " in done.stdout
+    assert "s (budget.toml, [steps.quick]) - this run is a subset" in done.stdout
+    assert "- this run used 1 worker(s), the step 2" in done.stdout

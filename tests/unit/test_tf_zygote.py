@@ -27,6 +27,9 @@ def test_a_forked_run_has_the_streams_status_argv_cwd_and_environment_of_python_
 # The zygote's edge cases are extended tests (20 s of the quick loop): every quick test that runs TensorFlow in a
 # process of its own goes through the zygote, and the two tests left here check a run's streams, status and CLI.
 @pytest.mark.extended
+@pytest.mark.covered_by(
+    "tests/unit/test_tf_zygote.py::test_a_forked_run_has_the_streams_status_argv_cwd_and_environment_of_python_c",
+    "tests/unit/test_tf_zygote.py::test_the_cli_runs_as_python_m_harness_does")
 def test_an_uncaught_exception_is_a_traceback_and_exit_1_and_each_run_sets_up_its_own_devices():
     failed = python(["-c", "raise ValueError('named')"], env=ENV, timeout=120)
     assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: named")

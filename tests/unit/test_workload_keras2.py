@@ -72,5 +72,8 @@ def test_the_stock_model_runs_emulated_devices_in_keras_2(keras2):
     model.fit(x, y, batch_size=40, epochs=1, verbose=0, shuffle=False)
     busy = emulator.busy_between(start, time.perf_counter())["/cpu:0"]
     assert (busy.steps, busy.samples) == (4, 160)
-    assert busy.rate == pytest.approx(400, rel=0.25)
+    # The emulated rate, or, where this host could not compute a step in 100 ms (a loaded CI host measured 257
+    # samples/s), the device says it is host-bound: its figure is never the emulation's silently.
+    assert busy.rate <= 400 * 1.25, busy
+    assert busy.rate == pytest.approx(400, rel=0.25) or busy.host_bound, busy
     assert float(model.finish_gate.numpy()) == 0.0  # the emulator's gradient is an exact zero

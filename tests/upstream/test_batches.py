@@ -40,7 +40,13 @@ def test_last_batch_smaller_than_the_device_count(logical_devices, any_keras, me
         batch_size=12, epochs=1, optimizer="sgd", loss=small.loss(k), tol=1e-6)
 
 
-@pytest.mark.keras2_extended  # Keras 2 quick: this module's partial and smaller-than-devices last batches
+@pytest.mark.keras2_extended  # Keras 2's uneven slices: this module's partial and smaller-than-devices last batches
+@pytest.mark.covered_by("tests/upstream/test_batches.py::test_partial_last_batch_with_batchnorm_stays_finite_and_exact"
+                        "[keras2-towers]",
+                        "tests/upstream/test_batches.py::test_partial_last_batch_with_batchnorm_stays_finite_and_exact"
+                        "[keras2-mirrored]",
+                        "tests/upstream/test_batches.py::test_last_batch_smaller_than_the_device_count[keras2-dense-towers]",
+                        "tests/upstream/test_batches.py::test_last_batch_smaller_than_the_device_count[keras2-dense-mirrored]")
 @pytest.mark.parametrize("method", METHODS)
 def test_replica_count_does_not_change_the_step(logical_devices, any_keras, method):
     # The same global batch on 1, 2, 3 and 4 replicas gives the same weights; the model carries an
@@ -56,7 +62,11 @@ def test_replica_count_does_not_change_the_step(logical_devices, any_keras, meth
     assert max(deviations.values()) <= 1e-6, deviations
 
 
-@pytest.mark.keras2_extended  # Keras 2's BN over uneven replicas quick: test_partial_last_batch_with_batchnorm_...
+@pytest.mark.keras2_extended  # Keras 2's BN over uneven replicas: the partial last batch's
+@pytest.mark.covered_by("tests/upstream/test_batches.py::test_partial_last_batch_with_batchnorm_stays_finite_and_exact"
+                        "[keras2-towers]",
+                        "tests/upstream/test_batches.py::test_partial_last_batch_with_batchnorm_stays_finite_and_exact"
+                        "[keras2-mirrored]")
 def test_batchnorm_moving_statistics_stay_finite_over_hundreds_of_uneven_steps(logical_devices, any_keras):
     # tensorflow/tensorflow#87432 (NaN loss after tens of distributed steps), #41657 (empty
     # replicas): 300 steps under MirroredStrategy, 4 replicas at 5:3:2:1, batch 7 (replicas often

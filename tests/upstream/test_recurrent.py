@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import harness
+from harness.bench.workloads import small
 
 
 def _data(samples=384, steps=8, seed=3):
@@ -27,11 +28,13 @@ def _stack(k, cell):
     return build
 
 
-# Keras 2's recurrent layers: extended here; the quick loop trains a Keras 2 GRU exactly in
-# tests/parallel/test_equivalence.py's grid.
-@pytest.mark.keras2_extended
+@pytest.mark.keras2_extended  # Keras 2's recurrent stacks: 10-23 s a case
+@pytest.mark.covered_by("tests/upstream/test_recurrent.py::test_a_keras2_gru_steps_as_one_device")
 @pytest.mark.parametrize("method", ["towers", "mirrored"])
-@pytest.mark.parametrize("cell", [pytest.param("GRU", id="gru", marks=pytest.mark.extended),
+@pytest.mark.parametrize("cell", [pytest.param("GRU", id="gru", marks=[  # Keras 3's GRU: the equivalence grid's
+    pytest.mark.extended, pytest.mark.covered_by(
+        "tests/parallel/test_equivalence.py::test_parallel_step_equals_single_device[keras3-towers-5:3:2-gru]",
+        "tests/parallel/test_equivalence.py::test_parallel_step_equals_single_device[keras3-mirrored-5:3:2-gru]")]),
                                   pytest.param("LSTM", id="lstm")])
 def test_recurrent_stack_reaches_the_single_device_accuracy(logical_devices, any_keras, method, cell):
     k = any_keras
@@ -44,3 +47,13 @@ def test_recurrent_stack_reaches_the_single_device_accuracy(logical_devices, any
     assert single > 0.8, f"the task is not learnt even on one device (accuracy {single:.3f})"
     assert parallel == pytest.approx(single, abs=0.01)
     assert report.max_deviation <= 1e-4, report.worst(5)
+
+
+def test_a_keras2_gru_steps_as_one_device(logical_devices, keras2):
+    """Keras 2's recurrent path in the quick loop (on Keras 2 the stacks above and the equivalence grid's GRU cases
+    are extended): the grid's GRU model at 3:2, towers, a whole batch and a partial one, exact to one device."""
+    k = keras2
+    x, y, _ = small.make_data("gru", 25)
+    harness.assert_equivalent(lambda: small.build("gru", keras=k), x, y, devices=logical_devices[:2], ratios=[3, 2],
+                              method="towers", batch_size=20, optimizer=lambda: k.optimizers.SGD(0.1, momentum=0.5),
+                              loss=small.loss(k), tol=1e-6)

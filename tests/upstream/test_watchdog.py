@@ -50,7 +50,9 @@ print("finished", flush=True)
 """
 
 
-@pytest.mark.keras2_extended  # quick: this test's keras3 run (the watchdog is harness' own, alike for each Keras)
+@pytest.mark.keras2_extended  # the watchdog is harness' own, alike for each Keras
+@pytest.mark.covered_by("tests/upstream/test_watchdog.py::test_a_stalled_replica_ends_the_run_with_a_report_within_the_"
+                        "timeout[keras3]")
 def test_a_stalled_replica_ends_the_run_with_a_report_within_the_timeout(any_keras):
     # A Keras 3 model, then a Keras 2 one (the plugin's any_keras fixture), each in its own process.
     module = any_keras.__name__
