@@ -37,7 +37,7 @@ PINS = {
     "mixed_float16": "as accurate as one device",  # float16 rounding: within the floor of one device
     "cnn_bn_mixed_float16": "as accurate as one device",  # BatchNormalization under mixed_float16: float32 moments
 }
-QUICK = ["cnn_bn"]  # the rest in the extended test below (dense: the API test and the planted defect below train it)
+QUICK = ["cnn_bn"]  # its own test, then the rest (dense: the API test and the planted defect below train it)
 
 
 def _outcome(row: dict) -> str:
@@ -60,6 +60,17 @@ def _check_pins(rows: dict) -> None:
         assert rows["dropout"]["with_randomness"] > 1e-3  # each device draws its own numbers: named, not failed
 
 
+# Quick tests elsewhere take these paths: BatchNormalization's cut and combination exact in float64 at 7:2:1, the
+# zoo's pins judged by compare_training on JAX, a user's models through harness check on JAX and a planted model
+# failing there.
+_QUICK_PATHS = ("tests/onjax/test_batchnorm_jax.py::"
+                "test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_shard",
+                "tests/onjax/test_zoo_jax.py::test_a_sample_meets_its_pins_and_a_planted_pin_fails",
+                "tests/onjax/test_user_model_jax.py::test_a_planted_batch_mixing_layer_exits_1")
+
+
+@pytest.mark.extended  # 26 s idle
+@pytest.mark.covered_by(*_QUICK_PATHS)
 def test_the_check_models_meet_their_pins_on_three_jax_devices():
     _check_pins(_judged(QUICK))
 
@@ -69,6 +80,8 @@ def test_every_case_meets_its_pin_on_three_jax_devices():
     _check_pins(_judged([name for name in PINS if name not in QUICK]))
 
 
+@pytest.mark.extended  # 19 s idle; a lost gradient fails the quick float64 BatchNormalization case (1e-12)
+@pytest.mark.covered_by(*_QUICK_PATHS)
 def test_a_dropped_device_gradient_fails():
     # Planted defect: the last device's gradient left out of the sum. The verdict must be FAIL, and in float64 too.
     row = _judged(["dense"], "--plant", "last-device-gradient")["dense"]
