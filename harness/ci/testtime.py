@@ -41,8 +41,8 @@ import tomllib
 from harness.errors import InvalidValue
 
 __all__ = ["TestTime", "Step", "Budget", "Budgets", "Verdict", "read_junit", "read_steps", "read_budgets",
-           "probe_host", "step_report", "steps_table", "judge", "budget_line", "PROBE_REPEATS", "PROBE_WORKERS",
-           "SCALE_FLOOR"]
+           "probe_host", "probe_rounds", "step_report", "steps_table", "judge", "budget_line", "PROBE_REPEATS",
+           "PROBE_WORKERS", "SCALE_FLOOR"]
 
 UNMARKED = "(no marker)"
 PROBE_REPEATS = 5
@@ -252,7 +252,7 @@ print("ready", flush=True)
 for _ in sys.stdin:
     start = time.perf_counter()
     _workload()
-    print(time.perf_counter() - start, flush=True)
+    print(start, time.perf_counter(), flush=True)
 """
 
 
@@ -279,6 +279,16 @@ def probe_host(repeats: int = PROBE_REPEATS, workers: int = 1) -> float:
             _workload()
             best = min(best, time.perf_counter() - start)
         return best
+    return min(sum(end - start for start, end in spans) / workers for spans in probe_rounds(repeats, workers))
+
+
+def probe_rounds(repeats: int, workers: int) -> list[list[tuple[float, float]]]:
+    """Each round of ``probe_host``'s workload in ``workers`` fresh processes at once: each process' ``(start,
+    end)`` on the system's monotonic clock (``time.perf_counter``, one clock for every process on Linux).
+
+    Raises:
+        RuntimeError: a probe process failed (its exit status and stderr).
+    """
     # Fresh interpreters fed by pipes, not multiprocessing: its spawn re-imports the caller's main script, and a
     # fork of a process with TensorFlow's threads (pytest's) can deadlock. -I: no PYTHON* variables, no user site.
     code = _PROBE_PROCESS.format(workload=inspect.getsource(_workload))
@@ -292,8 +302,8 @@ def probe_host(repeats: int = PROBE_REPEATS, workers: int = 1) -> float:
                 assert process.stdin is not None
                 process.stdin.write("go\n")
                 process.stdin.flush()
-            rounds.append(sum(float(a) for a in _answers(processes)) / workers)
-        return min(rounds)
+            rounds.append([(float(a.split()[0]), float(a.split()[1])) for a in _answers(processes)])
+        return rounds
     finally:
         for process in processes:
             if process.stdin is not None:

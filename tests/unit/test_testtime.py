@@ -1,7 +1,6 @@
 """harness test-time: where a run's time went (JUnit + the plugin's properties) and the steps against their budget."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -158,31 +157,19 @@ def test_the_probe_is_a_positive_time_in_one_process_or_several(monkeypatch):
         testtime.probe_host(1, workers=2)
 
 
-PINNED_PROBES = """
-import os, sys
-sys.path.insert(0, sys.argv[1])
-from harness.ci.testtime import probe_host
-os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU: the probe processes inherit it
-alone, shared = [], []
-for _ in range(2):
-    alone.append(probe_host(3, workers=1))
-    shared.append(probe_host(3, workers=2))
-print(min(alone), min(shared))
-"""
+def test_two_probe_workers_run_their_rounds_at_once():
+    """The 2-worker probe measures two processes computing together, as a step's two pytest workers do: in every
+    round their spans overlap (on the one monotonic clock of the host), whatever else the host runs. Timed ratios
+    (two workers pinned to one CPU against one) measured 2.3-2.6x idle but 1.0x beside CI's two CPU hogs, so the
+    claim is checked by the spans, not by speed. The planted defect, workers started one after the other, leaves
+    no overlap. About 1 s."""
+    from harness.ci import testtime
 
-
-@pytest.mark.timing
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs os.sched_setaffinity (Linux)")
-def test_two_probe_workers_sharing_one_core_each_read_slower_than_one_alone():
-    """Two workers on one CPU (one core's hyper-threads, or a core another load shares) take ~2x one alone each:
-    1.5x beside one more busy process, 1.33x beside two (CI's load step). The planted defects: workers run one
-    after the other (~1x), or the round's time divided among them (~0.5x). About 2 s on an idle 2-core host
-    (20 s under a CI run and other tests' load)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", PINNED_PROBES, root], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    alone, shared = map(float, done.stdout.split())
-    assert shared > 1.25 * alone, (alone, shared)
+    rounds = testtime.probe_rounds(2, workers=2)
+    assert len(rounds) == 2 and all(len(spans) == 2 for spans in rounds), rounds
+    for spans in rounds:
+        assert all(end > start for start, end in spans), spans
+        assert max(start for start, _ in spans) < min(end for _, end in spans), spans  # both running at once
 
 
 PLUGIN_RUN = '''
