@@ -1,80 +1,179 @@
-"""The gate's false-alarm rate and what it catches, measured: one commit's rounds judged against themselves.
+"""The gate's false alarms and power, measured: one commit's real runs judged against themselves.
 
-``harness bench-compare COMMIT COMMIT --aa-series N`` runs the suite N times on one commit. Every window of
-``2 x rounds`` consecutive runs is one judgment as the gate makes it (``benchgate.judge_rounds``; base and head
-interleaved: runs 1, 3 as base, 2, 4 as head), a worse verdict standing only where the window's next pair of
-runs confirms it (``benchgate.after_rerun``, as the gate measures a borderline result again). Any worse verdict
-is a false alarm: the two sides are one commit. The same windows judged again with head's values and samples
-made ``SLOWDOWN`` slower (``plant``) tell what the gate catches on this runner, combination by combination: a
-slow-down it cannot see is one below what that combination's noise lets it detect.
+``harness bench-compare C C --aa-series N`` measures commit C against itself N times as the gate measures two
+commits, recording everything (``--save-runs FILE``; ``--from-runs FILE`` studies a recording again):
 
-Windows overlap (a run serves several), so the judgments are not independent; the alarm count is a measure of
-the rate per judgment, not of its confidence interval.
+- ``time_`` benchmarks, in existing mode: ``PAIRS`` interleaved pairs a run (``harness.ci.interleave``: two
+  processes of the one commit, sampled alternately), recorded in full;
+- the other benchmarks: one asv run of C a run, its value per combination (a round).
+
+:func:`study` then judges with the gate's own sequential rule (``benchgate.judge_rounds`` and
+``benchgate.decided``: look at the bounds every ``interleave.BATCH`` pairs from ``interleave.MIN_PAIRS``, or
+round by round from ``--rounds`` to ``--max-rounds``, stop when decided), twice over:
+
+- **real judgments**, independent: each run's pairs from its first (what the gate would have said on that run),
+  and the round series cut into windows that share no run;
+- **resampled judgments** (``RESAMPLED`` per combination): pairs drawn as a moving-block bootstrap from one run's
+  recording (blocks of ``BLOCK`` consecutive pairs keep the host's steps and drift in them), rounds drawn at random
+  from the series.
+
+Each judgment is made as recorded (A/A: any *worse* is a false alarm) and with head made ``p`` times slower for
+each planted change in ``PLANTS`` (3%, 5%, 10%: caught when *worse*). Rates carry Clopper-Pearson 95% bounds. The
+resampled judgments are many but drawn from few runs: their bounds say how well the rate is known *for these runs*;
+the real judgments, fewer but independent, are the check that the resampling did not flatter the gate.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from harness.ci.asvresults import Key, Measurement
-from harness.ci.benchgate import FACTOR, NOISE_K, Verdict, after_rerun, higher_is_better, is_borderline, judge_rounds
+from harness.ci.asvresults import Measurement
+from harness.ci.benchgate import FACTOR, Verdict, higher_is_better, judge_rounds, paired, settled, worse_ratio
 from harness.errors import InvalidValue
 
-__all__ = ["SLOWDOWN", "MAX_FALSE_ALARMS", "Series", "plant", "series"]
+__all__ = ["PLANTS", "SLOWDOWN", "MAX_FALSE_ALARMS", "RESAMPLED", "BLOCK", "PAIRS", "Rate", "Study", "plant",
+           "study", "clopper_pearson", "save_run", "load_runs"]
 
-SLOWDOWN = 1.05  # the planted change: 5% slower
-MAX_FALSE_ALARMS = 0.01  # the rate per judgment the gate's defaults are held to
+PLANTS = (1.03, 1.05, 1.10)
+SLOWDOWN = 1.05  # the change the gate is held to catch 95% of the time
+MAX_FALSE_ALARMS = 0.01  # per judgment, at the upper 95% bound
+RESAMPLED = 10_000  # resampled judgments per combination and plant
+BLOCK = 20  # pairs per bootstrap block
+PAIRS = 400  # interleaved pairs recorded per run and time_ combination
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact two-sided interval of a binomial rate, ``k`` of ``n`` (each side at (1 - confidence) / 2)."""
+    if n <= 0 or not 0 <= k <= n:
+        raise InvalidValue(f"a rate needs 0 <= k <= n and n > 0; got k={k}, n={n}")
+    tail = (1 - confidence) / 2
+
+    def cdf(x: int, p: float) -> float:  # P(Binomial(n, p) <= x), summed in log space
+        if p <= 0:
+            return 1.0
+        if p >= 1:
+            return 0.0 if x < n else 1.0
+        return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p)
+                            + (n - i) * math.log1p(-p)) for i in range(x + 1))
+
+    def solve(target, x, increasing):  # bisection on p
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if (cdf(x, mid) > target) == increasing:
+                hi = mid
+            else:
+                lo = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if k == 0 else solve(1 - tail, k - 1, False)  # P(X >= k | low) = tail
+    high = 1.0 if k == n else solve(tail, k, False)  # P(X <= k | high) = tail
+    return low, high
 
 
 @dataclass(frozen=True)
-class Series:
-    """What an A/A series found: per combination, its judgments, false alarms, the planted slow-down's catches,
-    and the smallest change the gate could detect in each window (``detects``)."""
+class Rate:
+    """``k`` of ``n`` judgments, with the Clopper-Pearson 95% interval."""
 
-    rounds: int  # per side in each judgment
-    runs: int  # of the commit, in order
-    combos: dict  # "name (params)": {"judged", "alarms", "caught", "detects"}
+    k: int
+    n: int
 
     @property
-    def judged(self) -> int:
-        return sum(c["judged"] for c in self.combos.values())
+    def value(self) -> float:
+        return self.k / self.n if self.n else math.nan
 
     @property
-    def alarms(self) -> int:
-        return sum(c["alarms"] for c in self.combos.values())
-
-    @property
-    def rate(self) -> float:
-        return self.alarms / self.judged if self.judged else math.nan
-
-    def detectable(self) -> dict:
-        """The combinations whose every window could detect ``SLOWDOWN`` (threshold at or below it): their
-        judgments and how many caught the planted slow-down."""
-        able = {name: c for name, c in self.combos.items() if c["detects"] and max(c["detects"]) <= SLOWDOWN - 1}
-        return {"combinations": len(able), "judged": sum(c["judged"] for c in able.values()),
-                "caught": sum(c["caught"] for c in able.values())}
-
-    def to_json(self) -> dict:
-        return {"rounds": self.rounds, "runs": self.runs, "judged": self.judged, "alarms": self.alarms,
-                "false_alarm_rate": self.rate, "max_false_alarm_rate": MAX_FALSE_ALARMS, "slowdown": SLOWDOWN,
-                "detectable": self.detectable(), "combinations": self.combos}
+    def bounds(self) -> tuple[float, float]:
+        return clopper_pearson(self.k, self.n) if self.n else (math.nan, math.nan)
 
     def text(self) -> str:
-        able = self.detectable()
-        lines = [f"A/A series: {self.runs} runs of one commit, {self.judged} judgments of "
-                 f"{self.rounds}+{self.rounds} interleaved rounds: {self.alarms} false alarm(s), "
-                 f"{100 * self.rate:.2f}% "
-                 f"(at most {100 * MAX_FALSE_ALARMS:g}%)",
-                 f"planted {100 * (SLOWDOWN - 1):.0f}% slow-down: caught in {able['caught']} of {able['judged']} "
-                 f"judgments of the {able['combinations']} combination(s) whose noise lets the gate detect it",
-                 "", "| benchmark | judged | false alarms | planted caught | detects (min-max) |",
-                 "|---|---|---|---|---|"]
-        for name, c in sorted(self.combos.items()):
-            detects = "-" if not c["detects"] else f"{100 * min(c['detects']):.1f}-{100 * max(c['detects']):.1f}%"
-            lines.append(f"| `{name}` | {c['judged']} | {c['alarms']} | {c['caught']} | {detects} |")
+        if not self.n:
+            return "-"
+        low, high = self.bounds
+        return f"{self.k}/{self.n} ({100 * self.value:.2f}%, 95% CI {100 * low:.2f}-{100 * high:.2f}%)"
+
+    def to_json(self) -> dict:
+        low, high = self.bounds
+        return {"k": self.k, "n": self.n, "rate": self.value, "low": low, "high": high}
+
+
+@dataclass
+class _Tally:
+    alarms: Rate = Rate(0, 0)
+    caught: dict = field(default_factory=dict)  # plant -> Rate
+    detects: list = field(default_factory=list)  # the A/A judgments' detects
+    pairs: list = field(default_factory=list)  # pairs (or rounds) each A/A judgment used
+
+    def add(self, aa: bool, planted: dict) -> None:
+        self.alarms = Rate(self.alarms.k + aa, self.alarms.n + 1)
+        for slowdown, worse in planted.items():
+            rate = self.caught.get(slowdown, Rate(0, 0))
+            self.caught[slowdown] = Rate(rate.k + worse, rate.n + 1)
+
+    def to_json(self) -> dict:
+        ordered = sorted(self.detects)
+        return {"false_alarms": self.alarms.to_json(),
+                "caught": {f"{100 * (p - 1):.0f}%": rate.to_json() for p, rate in sorted(self.caught.items())},
+                "detects_median": ordered[len(ordered) // 2] if ordered else None,
+                "pairs_median": sorted(self.pairs)[len(self.pairs) // 2] if self.pairs else None}
+
+
+@dataclass
+class Study:
+    """Per combination, its kind ("pairs" or "rounds"), and the real and resampled tallies."""
+
+    runs: int
+    combos: dict  # label -> {"kind": ..., "real": _Tally, "resampled": _Tally}
+
+    def total(self, which: str) -> _Tally:
+        tally = _Tally()
+        for combo in self.combos.values():
+            part = combo[which]
+            tally.alarms = Rate(tally.alarms.k + part.alarms.k, tally.alarms.n + part.alarms.n)
+            for p, rate in part.caught.items():
+                have = tally.caught.get(p, Rate(0, 0))
+                tally.caught[p] = Rate(have.k + rate.k, have.n + rate.n)
+        return tally
+
+    @property
+    def passes(self) -> bool:
+        """False alarms within ``MAX_FALSE_ALARMS`` at the resampled upper bound, and no more than that share of the
+        real judgments."""
+        resampled, real = self.total("resampled").alarms, self.total("real").alarms
+        return resampled.n > 0 and resampled.bounds[1] <= MAX_FALSE_ALARMS and real.value <= MAX_FALSE_ALARMS
+
+    def to_json(self) -> dict:
+        return {"runs": self.runs, "max_false_alarms": MAX_FALSE_ALARMS, "plants": list(PLANTS),
+                "passes": self.passes, "real": self.total("real").to_json(),
+                "resampled": self.total("resampled").to_json(),
+                "combinations": {label: {"kind": c["kind"], "real": c["real"].to_json(),
+                                         "resampled": c["resampled"].to_json()} for label, c in self.combos.items()}}
+
+    def text(self) -> str:
+        lines = [f"A/A study: {self.runs} runs of one commit, judged by the gate's rule against themselves "
+                 f"(false alarms allowed: {100 * MAX_FALSE_ALARMS:g}% at the upper 95% bound)", ""]
+        for which, title in (("real", "real judgments (independent)"), ("resampled", "resampled judgments")):
+            tally = self.total(which)
+            lines.append(f"{title}: false alarms {tally.alarms.text()}")
+            for p, rate in sorted(tally.caught.items()):
+                lines.append(f"  planted {100 * (p - 1):.0f}% slower: caught {rate.text()}")
+        lines += ["", "| benchmark | kind | real: alarms | real: 5% caught | resampled: alarms | resampled: 5% caught "
+                  "| detects (median) | pairs (median) |", "|---|---|---|---|---|---|---|---|"]
+        for label, c in sorted(self.combos.items()):
+            real, res = c["real"], c["resampled"]
+            detects = sorted(res.detects)[len(res.detects) // 2] if res.detects else None
+            used = sorted(res.pairs)[len(res.pairs) // 2] if res.pairs else None
+            lines.append(f"| `{label}` | {c['kind']} | {real.alarms.text()} | "
+                         f"{real.caught.get(SLOWDOWN, Rate(0, 0)).text()} | {res.alarms.text()} | "
+                         f"{res.caught.get(SLOWDOWN, Rate(0, 0)).text()} | "
+                         f"{'-' if detects is None else f'{100 * detects:.1f}%'} | {used if used else '-'} |")
+        lines += ["", f"{'PASS' if self.passes else 'FAIL'}: false alarms "
+                  f"{'within' if self.passes else 'beyond'} {100 * MAX_FALSE_ALARMS:g}%"]
         return "\n".join(lines)
 
 
@@ -84,46 +183,136 @@ def plant(measurement: Measurement, slowdown: float = SLOWDOWN) -> Measurement:
         return measurement
     scale = 1 / slowdown if higher_is_better(measurement.name, measurement.unit) else slowdown
     samples = None if measurement.samples is None else tuple(s * scale for s in measurement.samples)
-    return replace(measurement, value=measurement.value * scale, samples=samples)
+    return Measurement(measurement.name, measurement.params, measurement.unit, measurement.value * scale, samples,
+                       measurement.stats)
 
 
-def series(runs: Mapping[Key, Sequence[Measurement]], rounds: int = 2, factor: float = FACTOR, k: float = NOISE_K,
-           different=None) -> Series:
-    """Judges every window of ``2 x rounds`` consecutive runs of each combination (see the module), with and
-    without the planted slow-down.
+def _stop(ratios: Sequence[float], factor: float, first: int, step: int) -> int:
+    """How many pairs the gate's sequential rule takes: a look at the bounds (``benchgate.paired``,
+    ``benchgate.settled``) at ``first`` pairs and every ``step`` after, until settled or all are used."""
+    size = min(first, len(ratios))
+    while size < len(ratios) and not (size >= 2 and settled(paired(ratios[:size]), factor)):
+        size = min(len(ratios), size + step)
+    return size
+
+
+def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tally) -> None:
+    """One judgment as the gate makes it, as recorded and with each planted change: where the gate would stop
+    (looks on the pairs' log ratios, a planted change added to each), then its verdict there
+    (``benchgate.judge_rounds`` on the measurements, planted with :func:`plant`)."""
+    up = higher_is_better(base[0].name, base[0].unit)
+    ratios = [math.log(worse_ratio(b.value, h.value, up)) for b, h in zip(base, head)]
+    first, step = (min_pairs, batch) if kind == "pairs" else (rounds, 1)
+    source = "interleaved pairs" if kind == "pairs" else "rounds"
+    worse = {}
+    for slowdown in (1.0, *PLANTS):
+        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step)
+        heads = head[:size] if slowdown == 1.0 else [plant(m, slowdown) for m in head[:size]]
+        row = judge_rounds(base[:size], heads, factor, source=source)
+        worse[slowdown] = row.verdict is Verdict.WORSE
+        if slowdown == 1.0:
+            if row.detects is not None and math.isfinite(row.detects):
+                tally.detects.append(row.detects)
+            tally.pairs.append(size)
+    tally.add(worse.pop(1.0), worse)
+
+
+def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_rounds: int = 6,
+          resampled: int = RESAMPLED, seed: int = 0, min_pairs: int = 20, batch: int = 20) -> Study:
+    """Judges recorded A/A runs (:func:`load_runs`' format) as the module says.
 
     Raises:
-        InvalidValue: ``rounds`` < 2, or a combination has fewer than ``2 x rounds + 2`` runs (a window and the
-            pair that confirms a borderline result).
+        InvalidValue: fewer than 2 runs, or a round series shorter than one window (``2 x max_rounds`` runs).
     """
-    if rounds < 2:
-        raise InvalidValue(f"an A/A judgment needs at least 2 rounds a side; got rounds={rounds}")
+    if len(runs) < 2:
+        raise InvalidValue(f"an A/A study needs at least 2 runs; got {len(runs)}")
+    rng = random.Random(seed)
     combos: dict = {}
-    for (name, params), measured in sorted(runs.items()):
-        measured = [m for m in measured if m.ok]
-        label = f"{name} ({params})" if params else name
-        if not measured:
-            continue  # skipped, or failed in every run: nothing to judge
-        width = 2 * rounds
-        if len(measured) < width + 2:
-            raise InvalidValue(f"{label}: {len(measured)} runs; an A/A series of {rounds}+{rounds} rounds needs at "
-                               f"least {width + 2}")
-        entry: dict[str, Any] = {"judged": 0, "alarms": 0, "caught": 0, "detects": []}
-        for start in range(len(measured) - width - 1):
-            window, confirm = measured[start:start + width], measured[start + width:start + width + 2]
-            base, head = window[0::2], window[1::2]
-            for planted in (False, True):
-                heads = [plant(m) for m in head] if planted else head
-                row = judge_rounds(base, heads, factor, k, different=different)
-                if is_borderline(row):
-                    row = after_rerun(row, confirm[0], plant(confirm[1]) if planted else confirm[1])
-                worse = row.verdict is Verdict.WORSE
-                if planted:
-                    entry["caught"] += worse
-                else:
-                    entry["judged"] += 1
-                    entry["alarms"] += worse
-                    if row.detectable is not None:
-                        entry["detects"].append(row.detectable)
-        combos[label] = entry
-    return Series(rounds, max((len(v) for v in runs.values()), default=0), combos)
+    labels = sorted({label for run in runs for label in run.get("pairs", {})})
+    for label in labels:
+        recorded = [run["pairs"][label] for run in runs if label in run.get("pairs", {})]
+        series = [(_side(label, r, "base"), _side(label, r, "head")) for r in recorded]
+        real, res = _Tally(), _Tally()
+        for base, head in series:
+            _judge("pairs", base, head, factor, rounds, min_pairs, batch, real)
+        for _ in range(resampled):
+            base, head = series[rng.randrange(len(series))]
+            picked = _blocks(len(base), rng)
+            _judge("pairs", [base[i] for i in picked], [head[i] for i in picked], factor, rounds, min_pairs, batch,
+                   res)
+        combos[label] = {"kind": "pairs", "real": real, "resampled": res}
+    round_labels = sorted({label for run in runs for label in run.get("rounds", {})} - set(labels))
+    for label in round_labels:
+        values = [_round(label, run["rounds"][label]) for run in runs if label in run.get("rounds", {})]
+        values = [m for m in values if m.ok]
+        width = 2 * max_rounds
+        if len(values) < width:
+            raise InvalidValue(f"{label}: {len(values)} runs; a window of {max_rounds}+{max_rounds} rounds needs at "
+                               f"least {width}")
+        real, res = _Tally(), _Tally()
+        for start in range(0, len(values) - width + 1, width):  # windows that share no run
+            window = values[start:start + width]
+            _judge("rounds", window[0::2], window[1::2], factor, rounds, min_pairs, batch, real)
+        for _ in range(resampled):
+            window = [values[rng.randrange(len(values))] for _ in range(width)]
+            _judge("rounds", window[0::2], window[1::2], factor, rounds, min_pairs, batch, res)
+        combos[label] = {"kind": "rounds", "real": real, "resampled": res}
+    return Study(len(runs), combos)
+
+
+def _blocks(length: int, rng: random.Random) -> list[int]:
+    """Indices of ``length`` pairs as a moving-block bootstrap: blocks of ``BLOCK`` consecutive pairs, each
+    starting anywhere in the run."""
+    block = min(BLOCK, length)
+    picked: list[int] = []
+    while len(picked) < length:
+        start = rng.randrange(length - block + 1)
+        picked.extend(range(start, start + block))
+    return picked[:length]
+
+
+def _name(label: str) -> tuple[str, str]:
+    name, _, params = label.partition(" (")
+    return name, params[:-1] if params else ""
+
+
+def _side(label: str, recorded: Mapping, side: str) -> list[Measurement]:
+    name, params = _name(label)
+    return [Measurement(name, params, recorded["unit"], float(v)) for v in recorded[side]]
+
+
+def _round(label: str, recorded: Mapping) -> Measurement:
+    name, params = _name(label)
+    return Measurement(name, params, recorded["unit"], recorded["value"])
+
+
+def save_run(path: Path | str, run: Mapping) -> None:
+    """Appends one run (``{"run", "commit", "pairs": {label: {"unit", "number", "base", "head"}},
+    "rounds": {label: {"unit", "value"}}}``) to ``path``, a JSON line."""
+    with Path(path).open("a") as out:
+        out.write(json.dumps(run) + "\n")
+
+
+def load_runs(path: Path | str) -> list[dict]:
+    """The runs :func:`save_run` wrote.
+
+    Raises:
+        InvalidValue: the file is missing, or a line is not a run.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidValue(f"no recorded runs at {path}")
+    runs = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            run = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InvalidValue(f"{path}:{number}: not JSON ({err.msg})") from None
+        if not isinstance(run, dict) or not ({"pairs", "rounds"} & set(run)):
+            raise InvalidValue(f"{path}:{number}: not a recorded run (no 'pairs' or 'rounds')")
+        runs.append(run)
+    return runs
+
+
+def labels(runs: Iterable[Mapping]) -> list[str]:
+    return sorted({label for run in runs for kind in ("pairs", "rounds") for label in run.get(kind, {})})

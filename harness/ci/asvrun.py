@@ -28,9 +28,11 @@ from pathlib import Path
 
 from harness.errors import Failed, InvalidValue, Unavailable
 
-__all__ = ["INSTALL", "MODES", "AsvProject", "in_container", "resolve_mode"]
+__all__ = ["INSTALL", "INSTALL_INTO", "MODES", "AsvProject", "in_container", "resolve_mode"]
 
 INSTALL = "{python} -m pip install --quiet --no-deps --force-reinstall --no-build-isolation {path}"
+# A commit into a folder of its own (harness.ci.interleave: two commits importable at once, one per process)
+INSTALL_INTO = "{python} -m pip install --quiet --no-deps --no-build-isolation --target {target} {path}"
 MODES = ("auto", "virtualenv", "existing")
 
 
@@ -133,6 +135,42 @@ class AsvProject:
     def _installed(self, commit: str):
         return _Installed(self, commit)
 
+    def install_into(self, commit: str, target: Path) -> None:
+        """Installs ``commit`` into the folder ``target`` (``INSTALL_INTO``, with this Python), not into this
+        Python: ``harness.ci.interleave`` puts the folder first on a benchmark process' path.
+
+        Raises:
+            Unavailable: this Python lacks the commit's build requirements (as in existing mode).
+            Failed: pip failed.
+        """
+        self.check_build_requirements(commit)
+        with _Worktree(self.root, commit) as tree:
+            command = INSTALL_INTO.format(python=shlex.quote(sys.executable), path=shlex.quote(str(tree)),
+                                          target=shlex.quote(str(target)))
+            print(f"$ {command}", file=sys.stderr, flush=True)
+            done = subprocess.run(command, shell=True, cwd=self.root, stdout=sys.stderr)
+            if done.returncode != 0:
+                raise Failed(f"installing {commit[:12]} into {target} failed (exit {done.returncode}): {command}")
+
+
+class _Worktree:
+    """Context: ``commit`` checked out in a temporary git worktree of ``root``."""
+
+    def __init__(self, root: Path, commit: str):
+        self.root, self.commit = root, commit
+
+    def __enter__(self) -> Path:
+        self._tmp = tempfile.TemporaryDirectory(prefix="harness-asv-")
+        self.tree = Path(self._tmp.name) / self.commit[:12]
+        subprocess.run(["git", "worktree", "add", "--detach", str(self.tree), self.commit], cwd=self.root, check=True,
+                       capture_output=True)
+        return self.tree
+
+    def __exit__(self, *exc):
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.tree)], cwd=self.root, capture_output=True)
+        self._tmp.cleanup()
+        return False
+
 
 class _Installed:
     """Context: ``commit`` checked out in a temporary worktree and installed into this Python."""
@@ -142,25 +180,18 @@ class _Installed:
 
     def __enter__(self):
         self.project.check_build_requirements(self.commit)
-        self._tmp = tempfile.TemporaryDirectory(prefix="harness-asv-")
-        tree = Path(self._tmp.name) / self.commit[:12]
-        root = self.project.root
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), self.commit], cwd=root, check=True,
-                       capture_output=True)
-        self._tree = tree
+        self._worktree = _Worktree(self.project.root, self.commit)
+        tree = self._worktree.__enter__()
         try:
             command = self.project.install.format(python=shlex.quote(sys.executable), path=shlex.quote(str(tree)))
             print(f"$ {command}", file=sys.stderr, flush=True)
-            done = subprocess.run(command, shell=True, cwd=root, stdout=sys.stderr)
+            done = subprocess.run(command, shell=True, cwd=self.project.root, stdout=sys.stderr)
             if done.returncode != 0:
                 raise Failed(f"installing {self.commit[:12]} failed (exit {done.returncode}): {command}")
         except BaseException:
-            self.__exit__(None, None, None)
+            self._worktree.__exit__(None, None, None)
             raise
         return tree
 
     def __exit__(self, *exc):
-        subprocess.run(["git", "worktree", "remove", "--force", str(self._tree)], cwd=self.project.root,
-                       capture_output=True)
-        self._tmp.cleanup()
-        return False
+        return self._worktree.__exit__(*exc)

@@ -1,21 +1,29 @@
-"""The performance-regression gate: asv results of a base and a head commit -> verdict and summary.
+"""The performance-regression gate: base and head measured in pairs -> verdict and summary.
 
 asv's own verdicts have traps (docs/design.md, "asv 0.6.6"): ``asv compare`` always exits 0,
 ``asv continuous`` cannot run in a prebuilt image, and asv treats a larger value
 as worse for every benchmark - a drop in samples/s would count as an
-improvement. The gate reads the saved results itself and applies one rule:
+improvement. The gate reads the measurements itself and applies one rule.
 
-- a benchmark is **worse** when head is worse than base by more than its
-  threshold (head/base, or base/head for higher-is-better benchmarks) *and* the
-  two are statistically different (asv's test: Mann-Whitney U on the recorded
-  samples, else its confidence-interval check);
-- the threshold is the larger of ``factor`` and ``1 + k * noise``, the noise
-  measured per benchmark: from main's history where given, else from the
-  gate's own interleaved rounds (base, head, base, head: each commit measured
-  twice in one job, an A/A pair per side). ``threshold - 1`` is the smallest
-  change the gate can detect for that benchmark;
-- a benchmark with a single value on a side (``asv run --quick``, one round) is
-  **unjudged**: one sample has no spread to compare against;
+Measurements come in **pairs**, base and head measured next to each other (the order alternating pair by pair, so a
+host that drifts one way favours neither side): interleaved asv rounds (one pair a round), or, for ``time_``
+benchmarks, single samples taken alternately from two processes that hold the two commits
+(``harness.ci.interleave``: tens of milliseconds apart, where this host's speed moves by a third within seconds).
+Each pair gives a log ratio, head against base, turned so that > 0 is worse (samples/s counted higher-is-better);
+:func:`paired` estimates the change from them with a one-sided bound at ``1 - ALPHA`` on each side: the mean with
+Student's t for a few rounds, the median with order-statistic bounds (no assumption on the noise's shape) for
+``MEDIAN_PAIRS`` pairs or more.
+
+- a benchmark is **worse** when the estimate is worse than ``factor`` *and* its lower bound is above no change
+  (``ALPHA`` = 1%: at most 1% false alarms per judgment where the pairs are independent);
+- ``threshold`` is the ratio beyond which it is worse, ``max(factor, the bound's margin)``; *detects*
+  (:attr:`Row.detectable`) is the change caught with probability ``POWER`` at this spread: the threshold plus
+  1.645 standard errors. A verdict that could not resolve a change says so in that column, it is never claimed;
+- a judgment is **decided** when its bounds exclude ``factor`` (:func:`decided`): the gate measures undecided
+  benchmarks again, pair by pair or round by round, until decided or its budget is spent;
+- main's night-to-night noise (``--history``) is shown beside each row, never used to widen its threshold: pairs
+  taken in one job do not see the drift between jobs that it measures;
+- a benchmark with a single value on a side (``asv run --quick``, one round) is **unjudged**;
 - a benchmark that ran on base and fails on head is an **error**.
 
 Exit status (``harness.errors``' convention): 0 clean, 1 some benchmark worse, 3 no verdict: some benchmark
@@ -26,6 +34,7 @@ pull-request comment, its first line naming the cause.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import statistics
@@ -34,20 +43,27 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from harness.ci.asvresults import Key, Measurement, is_skipped
-from harness.ci.noise import relative_noise
 from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
-__all__ = ["Verdict", "Row", "Rounds", "Noise", "higher_is_better", "judge", "judge_rounds", "is_borderline",
-           "after_rerun", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K", "FACTOR"]
+__all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
+           "decided", "settled", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K",
+           "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
 _HIGHER = re.compile(r"(samples_per_second|efficiency|throughput|ratio_to_stock|(?<!_to)_accuracy)$")
-NOISE_K = 3.0  # threshold = max(factor, 1 + NOISE_K * noise): ~3 sigma of round-to-round noise
-# The floor under it: a 3% change is the least the gate calls worse, however quiet the rounds looked (2+2 rounds
-# may show less spread than the runner has). Held to at most 1% false alarms per judgment by an A/A series
-# (``harness bench-compare C C --aa-series N``, harness.ci.aaseries; docs/regressions.md has the figures).
+NOISE_K = 3.0  # harness bisect's threshold, max(factor, 1 + NOISE_K * noise) of GOOD's samples (harness.ci.bisect)
+# The least change the gate calls worse, however precise the pairs: a real 1% change measured to 0.1% is not a
+# red light. Between it and a 5% change lies the room the gate's spread must fit in (docs/regressions.md).
 FACTOR = 1.03
+ALPHA = 0.01  # one-sided: a judgment of one commit against itself says worse at most this often
+POWER = 0.95  # *detects*: the change caught this often at the measured spread
+MEDIAN_PAIRS = 20  # from this many pairs on, the median and its order-statistic bounds; below, the mean and t
+_Z_POWER = statistics.NormalDist().inv_cdf(POWER)
+# Student's t at 1 - ALPHA = 0.99 for 1 .. 30 degrees of freedom (tests/unit/test_benchgate.py checks the table
+# against scipy's); the normal quantile beyond.
+_T99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650, 2.624, 2.602,
+        2.583, 2.567, 2.552, 2.539, 2.528, 2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467, 2.462, 2.457)
 
 
 class Verdict(str, Enum):
@@ -62,10 +78,84 @@ class Verdict(str, Enum):
 
 @dataclass(frozen=True)
 class Noise:
-    """A benchmark's relative noise (0.05: about 5% run to run) and where it was measured."""
+    """A benchmark's relative noise (0.05: about 5%) and where it was measured."""
 
     value: float
-    source: str  # "history (n=23)", "A/A (2+2 rounds)"
+    source: str  # "40 interleaved pairs", "4 rounds", "history (n=23)"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """What ``n`` pairs say about how much worse head is, on a log scale (> 0 worse).
+
+    ``low`` and ``high`` are one-sided bounds at ``1 - ALPHA`` (-inf/inf where too few pairs give none); ``se`` the
+    estimate's standard error; ``spread`` the spread of one pair's log ratio.
+    """
+
+    n: int
+    estimate: float
+    low: float
+    high: float
+    se: float
+    spread: float
+    method: str  # "mean" (t) or "median" (order statistics)
+
+    @property
+    def margin(self) -> float:
+        """How far below the estimate the lower bound lies (inf where there is none)."""
+        return self.estimate - self.low
+
+    def threshold(self, factor: float) -> float:
+        """The ratio beyond which these pairs call head worse: ``max(factor, exp(margin))``."""
+        return math.exp(max(math.log(factor), self.margin))
+
+    def detectable(self, factor: float) -> float:
+        """The change caught with probability ``POWER`` at this spread (0.05: 5%; inf where none is)."""
+        if math.isinf(self.margin):
+            return math.inf
+        return math.exp(math.log(self.threshold(factor)) + _Z_POWER * self.se) - 1
+
+
+def paired(log_ratios: Sequence[float]) -> Paired:
+    """The estimate and its bounds from pairs' log ratios (> 0: head worse).
+
+    Fewer than ``MEDIAN_PAIRS``: the mean, Student's t at 1 - ALPHA (a round-to-round spread is near normal and
+    rounds are few). From ``MEDIAN_PAIRS`` on: the median, bounded by order statistics (the sign test: valid for
+    any shape of noise, and a pair that straddled a jump in the host's speed moves it by one rank, not by its size).
+
+    Raises:
+        InvalidValue: fewer than 2 pairs, or a value that is not finite.
+    """
+    values = sorted(float(d) for d in log_ratios)
+    n = len(values)
+    if n < 2:
+        raise InvalidValue(f"a paired estimate needs at least 2 pairs; got {n}")
+    if not all(math.isfinite(d) for d in values):
+        raise InvalidValue(f"pairs' log ratios must be finite; got {[d for d in values if not math.isfinite(d)]}")
+    if n < MEDIAN_PAIRS:
+        mean, sd = statistics.fmean(values), statistics.stdev(values)
+        se = sd / math.sqrt(n)
+        t = _T99[n - 2] if n - 1 <= len(_T99) else statistics.NormalDist().inv_cdf(1 - ALPHA)
+        return Paired(n, mean, mean - t * se, mean + t * se, se, sd, "mean")
+    median = statistics.median(values)
+    k = _order_bound(n, ALPHA)  # P(median < values[k - 1]) <= ALPHA
+    low, high = (values[k - 1], values[n - k]) if k else (-math.inf, math.inf)
+    k95 = _order_bound(n, 0.025)
+    se = (values[n - k95] - values[k95 - 1]) / (2 * 1.96) if k95 else math.inf
+    return Paired(n, median, low, high, se, se * math.sqrt(n) / 1.2533, "median")  # median's se = 1.2533 sd/sqrt(n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _order_bound(n: int, alpha: float) -> int:
+    """The largest k with P(Binomial(n, 1/2) <= k - 1) <= alpha (0: none): the k-th smallest of n values is a lower
+    bound of their median at 1 - alpha, the k-th largest an upper bound."""
+    total, k = 0.0, 0
+    while k < n:
+        total += math.comb(n, k) / 2 ** n
+        if total > alpha:
+            return k
+        k += 1
+    return k
 
 
 @dataclass(frozen=True)
@@ -80,26 +170,36 @@ class Row:
     verdict: Verdict
     ratio: float | None  # how much worse head is: > 1 worse, whatever the direction
     threshold: float | None = None  # the ratio beyond which head counts as worse
-    noise: Noise | None = None
+    noise: Noise | None = None  # one pair's spread, as measured by the pairs judged
     rounds: tuple[int, int] = (1, 1)  # values per side
     note: str = ""
+    detects: float | None = None  # the change caught with probability POWER (0.05: 5%)
+    history: Noise | None = None  # main's night-to-night noise (--history): shown, never used to judge
+    pairs: Paired | None = None
 
     @property
     def detectable(self) -> float | None:
-        """The smallest relative change this benchmark's verdict could detect (0.1: 10%)."""
-        return None if self.threshold is None else self.threshold - 1
+        """The smallest relative change this benchmark's verdict detects with probability ``POWER`` (0.1: 10%)."""
+        return self.detects
+
+    @property
+    def decided(self) -> bool:
+        return decided(self)
 
     def to_json(self) -> dict:
         return {"name": self.name, "params": self.params, "unit": self.unit, "base": self.base, "head": self.head,
                 "verdict": self.verdict.value, "ratio": self.ratio, "threshold": self.threshold,
-                "detectable": self.detectable, "noise": None if self.noise is None else self.noise.value,
+                "detectable": None if self.detects is None or math.isinf(self.detects) else self.detects,
+                "noise": None if self.noise is None else self.noise.value,
                 "noise_source": None if self.noise is None else self.noise.source, "rounds": list(self.rounds),
-                "note": self.note}
+                "history_noise": None if self.history is None else self.history.value,
+                "pairs": None if self.pairs is None else self.pairs.n, "note": self.note}
 
 
 @dataclass
 class Rounds:
-    """The measurements of every round, per benchmark combination and side (``"base"``, ``"head"``)."""
+    """The measurements of every round, per benchmark combination and side (``"base"``, ``"head"``): round i of
+    base and round i of head are a pair."""
 
     base: dict[Key, list[Measurement]] = field(default_factory=dict)
     head: dict[Key, list[Measurement]] = field(default_factory=dict)
@@ -143,25 +243,20 @@ def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, fa
                     lambda: _significant(base_stats, head_stats, different))
 
 
-def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = FACTOR, k: float = NOISE_K,
-                 noise: Noise | None = None, different=None) -> Row:
-    """The verdict on several rounds per side: medians compared against a noise-calibrated threshold.
+def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = FACTOR,
+                 history: Noise | None = None, source: str = "rounds") -> Row:
+    """The verdict on pairs: ``base[i]`` and ``head[i]`` measured next to each other (module docstring).
 
     Args:
-        base, head: one measurement per round of the same benchmark combination (a round's value is asv's
-            for that run: the median of its samples for ``time_`` benchmarks).
-        factor: the smallest tolerated ratio, > 1.
-        k: the threshold is ``max(factor, 1 + k * noise)``.
-        noise: the benchmark's noise from elsewhere (main's history); None measures it from the rounds
-            (each side's values relative to their median: the spread of an A/A pair).
-        different: as in :func:`judge`; it gets the samples of all rounds pooled.
+        base, head: one measurement per pair (an asv round: asv's value for that run; an interleaved sample).
+        factor: the smallest change called worse, > 1.
+        history: main's night-to-night noise, shown in the row.
+        source: what a pair is, for the row's noise cell ("rounds", "interleaved pairs").
     """
     _check_factor(factor)
-    if not k >= 0:
-        raise InvalidValue(f"k must be >= 0; got k={k!r}")
     first = (base or head)[0]
     counts = (len(base), len(head))
-    row = Row(first.name, first.params, first.unit, None, None, Verdict.SAME, None, rounds=counts)
+    row = Row(first.name, first.params, first.unit, None, None, Verdict.SAME, None, rounds=counts, history=history)
     base_value, head_value = _side_value(base), _side_value(head)
     row = replace(row, base=base_value, head=head_value)
     status = _status(base_value, head_value)
@@ -170,39 +265,37 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     if min(counts) < 2:
         return replace(row, verdict=Verdict.UNJUDGED,
                         note=f"{min(counts)} value on a side (asv --quick or one round): no spread to judge against")
-    if noise is None:  # each side relative to its own median: the two sides' A/A spreads pooled
-        spread = relative_noise([v / base_value for v in _values(base)] + [v / head_value for v in _values(head)]
-                                if base_value and head_value else [])
-        noise = Noise(spread or 0.0, f"A/A ({counts[0]}+{counts[1]} rounds)")
-    limit = threshold(factor, noise.value, k)
-    verdict, ratio = _compare(higher_is_better(first.name, first.unit), base_value, head_value, limit,
-                              lambda: _significant(_pooled(base), _pooled(head), different))
-    return replace(row, verdict=verdict, ratio=ratio, threshold=limit, noise=noise)
+    up = higher_is_better(first.name, first.unit)
+    ratios = [worse_ratio(b.value, h.value, up) for b, h in zip(base, head)]  # type: ignore[arg-type]
+    if not all(0 < r < math.inf for r in ratios):  # a zero on a side: the medians decide, without bounds
+        verdict, ratio = _compare(up, base_value, head_value, factor, lambda: True)
+        return replace(row, verdict=verdict, ratio=ratio, threshold=factor, note="a zero value: no paired bounds")
+    pairs = paired([math.log(r) for r in ratios])
+    limit = pairs.threshold(factor)
+    ratio = math.exp(pairs.estimate)
+    verdict = Verdict.SAME
+    if pairs.estimate > math.log(factor) and pairs.low > 0:
+        verdict = Verdict.WORSE
+    elif pairs.estimate < -math.log(factor) and pairs.high < 0:
+        verdict = Verdict.BETTER
+    noise = Noise(pairs.spread, f"{pairs.n} {source}")
+    return replace(row, verdict=verdict, ratio=ratio, threshold=limit, noise=noise, pairs=pairs,
+                   detects=pairs.detectable(factor))
 
 
-def is_borderline(row: Row) -> bool:
-    """A worse verdict less than twice its detectable change: worth one more round before failing."""
-    return (row.verdict is Verdict.WORSE and row.ratio is not None and row.threshold is not None
-            and row.ratio < 1 + 2 * (row.threshold - 1))
+def decided(row: Row, factor: float | None = None) -> bool:
+    """Whether more pairs could change ``row``'s verdict on ``factor`` (default: the row's own floor): False while
+    its bounds straddle the factor (worse, or not, is not yet told apart from noise). Rows without pairs (errors,
+    skips, blind verdicts) are decided."""
+    if row.pairs is None or row.verdict not in (Verdict.SAME, Verdict.WORSE, Verdict.BETTER):
+        return True
+    return settled(row.pairs, factor if factor is not None else FACTOR)
 
 
-def after_rerun(before: Row, base: Measurement, head: Measurement) -> Row:
-    """A worse verdict checked by one more round (``base``, ``head``): it stands only if that round alone is worse
-    beyond the same threshold, else the benchmark counts as the same. The note says which."""
-    if before.verdict is not Verdict.WORSE or before.threshold is None:
-        return before
-    counts = (before.rounds[0] + 1, before.rounds[1] + 1)
-    status = _status(base.value, head.value)
-    if status is Verdict.ERROR:
-        return replace(before, verdict=status, rounds=counts, note="failed in a rerun")
-    ratio = None
-    if status is None and base.value is not None and head.value is not None:
-        ratio = worse_ratio(base.value, head.value, higher_is_better(before.name, before.unit))
-    if ratio is not None and ratio > before.threshold:
-        return replace(before, rounds=counts, note=f"confirmed by a rerun ({ratio:.2f}x)")
-    again = "n/a" if ratio is None else f"{ratio:.2f}x"
-    return replace(before, verdict=Verdict.SAME, rounds=counts,
-                   note=f"{before.ratio:.2f}x at first, {again} in a rerun: not confirmed")
+def settled(pairs: Paired, factor: float = FACTOR) -> bool:
+    """Whether ``pairs``' bounds exclude ``factor`` (or show no spread at all): :func:`decided` on the pairs alone."""
+    floor = math.log(factor)
+    return pairs.se == 0 or pairs.low > floor or pairs.high < floor
 
 
 def _check_factor(factor: float) -> None:
@@ -211,23 +304,12 @@ def _check_factor(factor: float) -> None:
 
 
 def _side_value(measurements: Sequence[Measurement]) -> float | None:
-    """The median of a side's rounds; None when any round failed; NaN when skipped (or absent)."""
+    """The median of a side's values; None when any failed; NaN when skipped (or absent)."""
     if not measurements or any(is_skipped(m.value) for m in measurements):
         return math.nan
     if any(m.value is None for m in measurements):
         return None
-    return statistics.median(_values(measurements))
-
-
-def _values(measurements: Sequence[Measurement]) -> list[float]:
-    return [m.value for m in measurements if m.value is not None]
-
-
-def _pooled(measurements: Sequence[Measurement]):
-    """``(stats of the first round, samples of all rounds)`` for asv's test, or None without samples."""
-    if any(m.samples is None for m in measurements):
-        return None
-    return measurements[0].stats, [s for m in measurements for s in m.samples]  # type: ignore[union-attr]
+    return statistics.median([m.value for m in measurements if m.value is not None])
 
 
 def _status(base, head) -> Verdict | None:
@@ -276,11 +358,10 @@ def _significant(base_stats, head_stats, different) -> bool:
     return bool(different(base_stats[1], head_stats[1], base_stats[0], head_stats[0]))
 
 
-def judge_all(rounds: Rounds, factor: float = FACTOR, k: float = NOISE_K,
-              noise: Mapping[Key, Noise] | None = None, different=None) -> list[Row]:
+def judge_all(rounds: Rounds, factor: float = FACTOR, history: Mapping[Key, Noise] | None = None) -> list[Row]:
     """:func:`judge_rounds` for every benchmark combination measured on either side."""
-    noise = noise or {}
-    return [judge_rounds(rounds.base.get(key, []), rounds.head.get(key, []), factor, k, noise.get(key), different)
+    history = history or {}
+    return [judge_rounds(rounds.base.get(key, []), rounds.head.get(key, []), factor, history.get(key))
             for key in rounds.keys()]
 
 
@@ -316,16 +397,19 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
     marks = {Verdict.ERROR: "!", Verdict.WORSE: "+", Verdict.BETTER: "-", Verdict.FIXED: "*", Verdict.UNJUDGED: "?"}
     for row in sorted(rows, key=lambda r: (order.index(r.verdict), r.name, r.params)):
         name = row.name + (f" ({row.params})" if row.params else "")
-        ratio = "" if row.ratio is None else f"{row.ratio:.2f}x"
+        ratio = "" if row.ratio is None else f"{row.ratio:.3f}x"
         noise = "" if row.noise is None else f"{100 * row.noise.value:.1f}% {row.noise.source}"
-        detects = "" if row.detectable is None else f"{100 * row.detectable:.0f}%"
+        if row.history is not None:
+            noise += f"{'; ' if noise else ''}{100 * row.history.value:.1f}% night to night, {row.history.source}"
+        detects = "" if row.detects is None else "none" if math.isinf(row.detects) else f"{100 * row.detects:.1f}%"
         lines.append(f"| {marks.get(row.verdict, '')} | `{name}` | {_value(row.base)} | {_value(row.head)} | "
                      f"{ratio} | {noise} | {detects} | {row.unit} | {row.note} |")
-    lines += ["", "`+` worse beyond its threshold and statistically different, `-` better, `!` failed on head, "
-              "`*` fixed, `?` unjudged (a single value: no spread); samples/s, efficiency and final accuracy "
-              "count higher as better. *noise*: the benchmark's relative spread (main's history, else the "
-              "interleaved A/A rounds); *detects*: the smallest change its threshold, "
-              f"max({factor:g}, 1 + {NOISE_K:g} x noise), lets through."]
+    lines += ["", "`+` worse: beyond the factor and beyond the noise (its lower 99% bound above no change), `-` "
+              "better, `!` failed on head, `*` fixed, `?` unjudged (a single value: no spread); samples/s, "
+              "efficiency and final accuracy count higher as better. *worse by*: the pairs' estimate (base and head "
+              "measured next to each other); *noise*: one pair's spread, and how many pairs were judged (main's "
+              "night-to-night noise beside it where a history was given: shown, not used); *detects*: the change "
+              f"this row catches {100 * POWER:.0f}% of the time at that spread (the factor, {factor:g}, at least)."]
     return "\n".join(lines)
 
 

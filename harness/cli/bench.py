@@ -1,16 +1,20 @@
-"""``harness bench-compare BASE HEAD``: the asv regression gate, calibrated to each benchmark's noise.
+"""``harness bench-compare BASE HEAD``: the asv regression gate, judged on pairs of measurements.
 
-Runs the asv suite on both commits in interleaved rounds (base, head, base,
-head, ...: drift on a shared runner hits both sides alike) and judges head
-against base (``harness.ci.benchgate``). Per benchmark, head is worse when its
-median is worse by more than the larger of ``--factor`` and ``1 + k x noise``
-and the samples differ statistically (samples/s counted higher-is-better). The
-noise is the benchmark's spread over main's history (``--history``, the
-nightly's results) where that has enough commits, else the spread between the
-rounds of each commit (an A/A pair per side). A result worse by less than twice
-its threshold is measured once more (one more round of both) before it fails.
-Each verdict is printed with its noise and the smallest change it could detect.
-A benchmark with one value per side (one round, asv ``--quick``) is not judged.
+Runs the asv suite on both commits in interleaved rounds (base, head, then head,
+base, ...: the order alternates, so a runner drifting one way favours neither
+side), then, in existing mode, times each ``time_`` benchmark again sample by
+sample from two processes, one per commit, alternately (``harness.ci.interleave``:
+a pair's two samples are tens of milliseconds apart, on the same step of a host
+whose speed moves in steps lasting seconds). Per benchmark, head is worse when
+the pairs' estimate is worse than ``--factor`` and its lower 99% bound is above
+no change (samples/s counted higher-is-better). A benchmark whose bounds do
+not yet tell worse from the same is measured again - pairs for ``time_``
+benchmarks, whole rounds for the others (to ``--max-rounds``) - until they do
+or the budget is spent. Each verdict is printed with its spread and the change it
+catches 95% of the time (*detects*): what the gate resolved, not what it hoped
+to. ``--history`` (main's nightly results) adds each benchmark's night-to-night
+noise to the table; it does not widen the threshold. A benchmark with one value
+per side (one round, asv ``--quick``) is not judged.
 
 Exit status: 0 clean; 1 a benchmark worse; 2 a usage error or bad input; 3 no
 verdict, an infrastructure error: a benchmark errors on head, asv failed or
@@ -20,21 +24,23 @@ line naming the verdict or why there is none (``--markdown FILE`` also writes
 it; ``--json`` prints every round).
 
 Two modes:
-  virtualenv  asv builds each commit in its own environment (``asv run COMMIT^!``).
+  virtualenv  asv builds each commit in its own environment (``asv run COMMIT^!``);
+              verdicts come from rounds alone (no interleaved pairs).
   existing    inside a prebuilt image (asv cannot build there): each commit is
               checked out in a git worktree, installed into this Python
               (``--install-command``), and run with ``asv run --python=same
               --set-commit-hash``; the benchmarks are this checkout's, for both commits.
-              The default install command builds without isolation: this Python
-              must hold each commit's [build-system].requires (checked first: exit 2
-              naming what is missing, and the pip command that installs it).
+              For the interleaved pairs each commit is also installed into a folder
+              of its own (pip --target, no dependencies, no build isolation).
+              This Python must hold each commit's [build-system].requires (checked
+              first: exit 2 naming what is missing, and the pip command that installs it).
 ``auto`` (default) picks existing inside a container, else virtualenv.
 
 Examples:
     harness bench-compare main HEAD
     harness bench-compare origin/main HEAD --mode existing --bench throughput --markdown summary.md
-    harness bench-compare HEAD HEAD --rounds 3            # an A/A run: how noisy is this runner?
-    harness bench-compare HEAD HEAD --aa-series 12        # the gate's false-alarm rate here, and a planted 5%
+    harness bench-compare HEAD HEAD --mode existing       # an A/A run: what does this runner resolve?
+    harness bench-compare HEAD HEAD --mode existing --aa-series 20 --save-runs runs.jsonl   # false alarms, power
     harness bench-compare main HEAD --history asv-history --history-machine github-ubuntu-latest
 """
 
@@ -42,12 +48,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from harness.cli.asvopts import add_asv_options, asv_project
-from harness.errors import EXIT_NO_VERDICT, InvalidValue
+from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue
 
 __all__ = ["add_parser", "run"]
 
@@ -62,14 +69,28 @@ def add_parser(subparsers) -> None:
     p.add_argument("head", help="head commit")
     p.add_argument("--factor", type=float, default=None,
                    help="smallest tolerated slow-down ratio, the floor under 1 + K x noise (default 1.03)")
-    p.add_argument("--noise-k", type=float, default=None, metavar="K",
-                   help="threshold = max(factor, 1 + K x noise) (default 3)")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved runs of each commit (default 2: ABAB)")
-    p.add_argument("--no-rerun", action="store_true", help="fail a borderline result without measuring it again")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="asv runs of each commit before judging, order alternating (default 2: AB BA)")
+    p.add_argument("--max-rounds", type=int, default=6,
+                   help="rounds at most, for benchmarks not yet decided that are not timed in pairs (default 6)")
+    p.add_argument("--no-rerun", action="store_true",
+                   help="judge after --rounds: no more rounds and no more pairs for undecided benchmarks")
+    p.add_argument("--no-interleave", action="store_true",
+                   help="existing mode: judge time_ benchmarks on asv's rounds too, not on interleaved pairs")
+    p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds of interleaved sampling per time_ benchmark combination at most (default 60)")
     p.add_argument("--aa-series", type=int, metavar="N", default=None,
-                   help="BASE and HEAD one commit: run the suite N times on it and judge every window of 2 x --rounds "
-                        "runs as the gate would (false alarms: exit 1 above 1%%), and again with a planted 5%% "
-                        "slow-down (harness.ci.aaseries)")
+                   help="BASE and HEAD one commit: measure it against itself N times as the gate does and report "
+                        "false alarms and what planted 3%%, 5%% and 10%% slow-downs the gate catches, from the real "
+                        "judgments and from resampled ones (harness.ci.aaseries); exit 1 when the false alarms' "
+                        "upper 95%% bound exceeds 1%%")
+    p.add_argument("--aa-pairs", type=int, default=None, metavar="N",
+                   help="--aa-series: interleaved pairs recorded per run and time_ combination (default 400)")
+    p.add_argument("--resampled", type=int, default=None, metavar="N",
+                   help="--aa-series: resampled judgments per combination and planted change (default 10000)")
+    p.add_argument("--save-runs", metavar="FILE", help="--aa-series: also write every run's measurements here (JSONL)")
+    p.add_argument("--from-runs", metavar="FILE",
+                   help="the A/A study of the runs --save-runs wrote, measuring nothing (BASE and HEAD are not read)")
     p.add_argument("--history", metavar="DIR", help="asv results of main's history (noise per benchmark from there)")
     p.add_argument("--history-machine", metavar="NAME", help="the machine of --history (default: --machine)")
     p.add_argument("--bench", action="append", metavar="REGEX", help="only benchmarks matching (repeatable)")
@@ -89,21 +110,33 @@ def run(args) -> int:
     if args.rounds < 2:
         raise InvalidValue(f"--rounds must be at least 2; got {args.rounds} (one run per commit is one value per "
                            "benchmark: no spread to judge a change against)")
-    k = benchgate.NOISE_K if args.noise_k is None else args.noise_k
-    if not k >= 0:
-        raise InvalidValue(f"--noise-k must be >= 0; got {k:g}")
+    if args.max_rounds < args.rounds:
+        raise InvalidValue(f"--max-rounds must be at least --rounds ({args.rounds}); got {args.max_rounds}")
+    if args.pair_budget is not None and not args.pair_budget > 0:
+        raise InvalidValue(f"--pair-budget must be > 0 seconds; got {args.pair_budget:g}")
+    if (args.save_runs or args.aa_pairs is not None) and args.aa_series is None:
+        raise InvalidValue("--save-runs and --aa-pairs go with --aa-series N")
+    if args.resampled is not None and args.aa_series is None and not args.from_runs:
+        raise InvalidValue("--resampled goes with --aa-series N or --from-runs FILE")
+    if args.from_runs:
+        if args.aa_series is not None:
+            raise InvalidValue("--from-runs studies recorded runs: --aa-series N measures new ones; give one of them")
+        return _aa_series(args, None, "", "")
     project = asv_project(args, "bench-compare")
     config, machine = project.config, project.machine
-    noise = _history_noise(args.history, args.history_machine or machine) if args.history else {}
+    history = _history_noise(args.history, args.history_machine or machine) if args.history else {}
     base, head = gitrepo.rev_parse(project.root, args.base), gitrepo.rev_parse(project.root, args.head)
     project.check_build_requirements(base, head)  # existing mode: both before either is run (exit 2)
     project.register_machine()
     if args.aa_series is not None:
-        return _aa_series(args, project, base, head, k)
+        return _aa_series(args, project, base, head)
     rounds = benchgate.Rounds()
 
     def measure(bench, only=None):
-        for side, commit in (("base", base), ("head", head)):
+        number = len(next(iter(rounds.base.values()), [])) if only is None else \
+            max(len(rounds.base.get(key, [])) for key in only)
+        sides = [("base", base), ("head", head)]
+        for side, commit in sides if number % 2 == 0 else sides[::-1]:  # AB, BA, AB, ...: drift favours no side
             project.run_commit(commit, bench)
             rounds.add(side, asvresults.read_commit(config, machine, commit), only)
 
@@ -111,18 +144,9 @@ def run(args) -> int:
         for number in range(args.rounds):
             print(f"harness bench-compare: round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
             measure(args.bench or [])
-        rows = benchgate.judge_all(rounds, args.factor, k, noise)
-        borderline = [row for row in rows if benchgate.is_borderline(row)]
-        if borderline and not args.no_rerun:
-            names = sorted({row.name for row in borderline})
-            print(f"harness bench-compare: borderline, measuring once more: {', '.join(names)}", file=sys.stderr)
-            keys = {(row.name, row.params) for row in borderline}
-            # asv matches a parametrized benchmark's regex against ``name(params)``: one regex per combination
-            measure(sorted({"^" + re.escape(f"{row.name}({row.params})" if row.params else row.name) + "$"
-                            for row in borderline}), keys)
-            rows = [benchgate.after_rerun(row, rounds.base[(row.name, row.params)][-1],
-                                          rounds.head[(row.name, row.params)][-1]) if row in borderline else row
-                    for row in rows]
+        rows = benchgate.judge_all(rounds, args.factor, history)
+        rows = _interleave(args, project, base, head, rows, history)
+        rows = _more_rounds(args, rounds, rows, history, measure)
     except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
         print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT
@@ -131,7 +155,7 @@ def run(args) -> int:
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
-        json.dump({"base": base, "head": head, "factor": args.factor, "noise_k": k, "mode": project.mode,
+        json.dump({"base": base, "head": head, "factor": args.factor, "mode": project.mode,
                    "rounds": args.rounds, "status": status, "rows": [r.to_json() for r in rows],
                    "values": rounds.to_json()}, sys.stdout, indent=2)
         print()
@@ -140,40 +164,175 @@ def run(args) -> int:
     return status
 
 
-def _aa_series(args, project, base: str, head: str, k: float) -> int:
-    """``--aa-series N``: N runs of one commit judged against themselves (``harness.ci.aaseries``)."""
-    from harness.ci import aaseries, asvresults
+def _both_measured(row) -> bool:
+    """A value on both sides (by the measurements, not the verdict: a failed or skipped side is never timed)."""
+    return all(value is not None and not math.isnan(value) for value in (row.base, row.head))
 
-    if base != head:
-        raise InvalidValue(f"--aa-series measures one commit against itself; got {args.base} ({base[:12]}) and "
-                           f"{args.head} ({head[:12]})")
-    needed = 2 * args.rounds + 2
-    if args.aa_series < needed:
-        raise InvalidValue(f"--aa-series {args.aa_series}: a window of {args.rounds}+{args.rounds} rounds and the "
-                           f"pair that confirms a borderline result need at least {needed} runs")
-    runs: dict = {}
+
+def _timed(name: str) -> bool:
+    """A ``time_`` benchmark: one that ``harness.ci.interleave`` can time sample by sample."""
+    return name.split(".")[-1].startswith("time_")
+
+
+def _interleave(args, project, base: str, head: str, rows: list, history: dict) -> list:
+    """Existing mode: each judged ``time_`` row judged again on interleaved pairs (``harness.ci.interleave``)."""
+    import tempfile
+
+    from harness.ci import benchgate, interleave
+
+    wanted = [row for row in rows if _timed(row.name) and _both_measured(row)]
+    if project.mode != "existing" or args.no_interleave or not wanted:
+        return rows
+    with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
+        targets = _install_pair(project, base, head, Path(folder))
+        judged = {}
+        for row in wanted:
+            key = (row.name, row.params)
+            print(f"harness bench-compare: timing {_label(key)} in interleaved pairs", file=sys.stderr, flush=True)
+
+            def decide(b, h, key=key) -> bool:
+                return args.no_rerun or benchgate.decided(
+                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs"), args.factor)
+
+            def progress(said: str, key=key) -> None:
+                print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)
+
+            try:
+                sampled = interleave.measure(key, row.unit, project.config, targets, decide,
+                                             budget_s=args.pair_budget or interleave.BUDGET_S, progress=progress)
+            except Failed as err:  # the rounds' row stands, saying why it was not timed in pairs
+                judged[key] = replace(row, note=f"not timed in pairs: {err}")
+                continue
+            if sampled.skipped:
+                judged[key] = replace(row, note=f"not timed in pairs: {sampled.skipped}")
+                continue
+            again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), args.factor, history.get(key),
+                                           "interleaved pairs")
+            judged[key] = replace(again, note=f"{sampled.number} call(s) a sample; stopped: {sampled.stopped}")
+    return [judged.get((row.name, row.params), row) for row in rows]
+
+
+def _more_rounds(args, rounds, rows: list, history: dict, measure) -> list:
+    """Rows not decided after ``--rounds`` (and not timed in pairs) get whole rounds until decided or
+    ``--max-rounds``."""
+    import re
+
+    from harness.ci import benchgate
+
+    while not args.no_rerun:
+        undecided = [row for row in rows if not benchgate.decided(row, args.factor)
+                     and len(rounds.base.get((row.name, row.params), [])) < args.max_rounds
+                     and not (row.noise is not None and row.noise.source.endswith("interleaved pairs"))]
+        if not undecided:
+            return rows
+        keys = {(row.name, row.params) for row in undecided}
+        print(f"harness bench-compare: not decided yet, measuring once more: "
+              f"{', '.join(sorted(_label(key) for key in keys))}", file=sys.stderr, flush=True)
+        # asv matches a parametrized benchmark's regex against ``name(params)``: one regex per combination
+        measure(sorted({"^" + re.escape(f"{name}({params})" if params else name) + "$" for name, params in keys}),
+                keys)
+        rows = [benchgate.judge_rounds(rounds.base.get((row.name, row.params), []),
+                                       rounds.head.get((row.name, row.params), []), args.factor,
+                                       history.get((row.name, row.params)))
+                if (row.name, row.params) in keys else row for row in rows]
+    return rows
+
+
+def _label(key) -> str:
+    name, params = key
+    return f"{name} ({params})" if params else name
+
+
+def _install_pair(project, base: str, head: str, folder: Path) -> tuple[Path, Path]:
+    """Each commit installed into a folder of its own (one folder when they are one commit)."""
+    targets = {}
+    for commit in dict.fromkeys((base, head)):
+        targets[commit] = folder / commit[:12]
+        project.install_into(commit, targets[commit])
+    return targets[base], targets[head]
+
+
+def _aa_series(args, project, base: str, head: str) -> int:
+    """``--aa-series N``: one commit measured against itself N times, or the runs of ``--from-runs``, studied by
+    ``harness.ci.aaseries``."""
+    from harness.ci import aaseries
+
+    if args.aa_series is not None and args.aa_series < 2:
+        raise InvalidValue(f"--aa-series needs at least 2 runs; got {args.aa_series}")
+    args.aa_pairs = aaseries.PAIRS if args.aa_pairs is None else args.aa_pairs
+    args.resampled = aaseries.RESAMPLED if args.resampled is None else args.resampled
+    if args.aa_pairs < 20:
+        raise InvalidValue(f"--aa-pairs must be at least 20 (the gate's first look); got {args.aa_pairs}")
+    if args.resampled < 0:
+        raise InvalidValue(f"--resampled must be >= 0; got {args.resampled}")
+    if args.from_runs:
+        runs = aaseries.load_runs(args.from_runs)
+    else:
+        if base != head:
+            raise InvalidValue(f"--aa-series measures one commit against itself; got {args.base} ({base[:12]}) and "
+                               f"{args.head} ({head[:12]})")
+        if args.save_runs and Path(args.save_runs).exists():
+            raise InvalidValue(f"--save-runs {args.save_runs} exists: name a new file (runs are appended)")
+        try:
+            runs = _aa_runs(args, project, base)
+        except InvalidValue as err:
+            print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
+            return EXIT_NO_VERDICT
     try:
-        for number in range(args.aa_series):
-            print(f"harness bench-compare: A/A run {number + 1} of {args.aa_series}", file=sys.stderr, flush=True)
-            project.run_commit(base, args.bench or [])
-            for key, measurement in asvresults.read_commit(project.config, project.machine, base).items():
-                runs.setdefault(key, []).append(measurement)
-        found = aaseries.series(runs, args.rounds, args.factor, k)
+        found = aaseries.study(runs, args.factor, args.rounds, args.max_rounds, resampled=args.resampled)
     except InvalidValue as err:
         print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT
-    if not found.judged:
+    if not found.combos:
         print("harness bench-compare: error: no benchmark measured in the A/A series (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT
     text = found.text()
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
-        json.dump({"commit": base, "factor": args.factor, "noise_k": k, **found.to_json()}, sys.stdout, indent=2)
+        json.dump({"commit": base or None, "factor": args.factor, **found.to_json()}, sys.stdout, indent=2)
         print()
     else:
         print(text)
-    return 1 if found.rate > aaseries.MAX_FALSE_ALARMS else 0
+    return 0 if found.passes else 1
+
+
+def _aa_runs(args, project, commit: str) -> list[dict]:
+    """N runs of ``commit``: an asv run (its rounds), then its ``time_`` combinations in ``aaseries.PAIRS``
+    interleaved pairs (existing mode), each run saved as it ends."""
+    import tempfile
+
+    from harness.ci import aaseries, asvresults, interleave
+
+    pairs = project.mode == "existing" and not args.no_interleave
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
+        targets = None
+        for number in range(args.aa_series):
+            print(f"harness bench-compare: A/A run {number + 1} of {args.aa_series}", file=sys.stderr, flush=True)
+            project.run_commit(commit, args.bench or [])
+            measured = asvresults.read_commit(project.config, project.machine, commit)
+            run: dict = {"run": number, "commit": commit, "pairs": {}, "rounds": {}}
+            timed = [key for key, m in measured.items() if m.ok and pairs and _timed(key[0])]
+            for key, m in measured.items():
+                if m.ok and key not in timed:
+                    run["rounds"][_label(key)] = {"unit": m.unit, "value": m.value}
+            if timed and targets is None:
+                targets = _install_pair(project, commit, commit, Path(folder))
+            for key in timed:
+                print(f"harness bench-compare: {_label(key)}: {args.aa_pairs} interleaved pairs", file=sys.stderr,
+                      flush=True)
+                sampled = interleave.measure(key, measured[key].unit, project.config, targets,  # type: ignore[arg-type]
+                                             lambda b, h: False, min_pairs=args.aa_pairs, max_pairs=args.aa_pairs,
+                                             budget_s=float("inf"))
+                if not sampled.skipped:
+                    run["pairs"][_label(key)] = {"unit": measured[key].unit, "number": sampled.number,
+                                                 "base": [m.value for m in sampled.base],
+                                                 "head": [m.value for m in sampled.head]}
+            runs.append(run)
+            if args.save_runs:
+                aaseries.save_run(args.save_runs, run)
+    return runs
 
 
 def _history_noise(results: str, machine: str) -> dict:

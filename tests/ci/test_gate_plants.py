@@ -9,13 +9,17 @@ A claim there is a function ``check_<claim>(gate, ...)`` that calls ``gate(repo,
   the real exit status and stdout, and pass the check too;
 - on each plant, replayed over the same measurements: it must **fail** the check (``AssertionError``).
 
+The recording holds what the gate measured: every asv result it read (``harness.ci.asvresults.read_commit``) and
+every series of interleaved pairs (``harness.ci.interleave.measure``); the replay hands them back in order and
+installs nothing.
+
 A plant replaces the gate's decision, ``harness.ci.benchgate.judge_rounds`` (every module holding it: the gate
-and ``harness.ci.aaseries``), and nothing else: argument handling, reruns, exit status and Markdown stay the
+and ``harness.ci.aaseries``), and nothing else: argument handling, more rounds, exit status and Markdown stay the
 real ones, so the plants still apply where the sampling around that decision changes. ``always 0`` says "same"
 and ``always 1`` says "worse" for every benchmark whatever its values (neither calibrates a threshold, so its
-rows show no noise and nothing detectable); ``threshold 1.5`` is the real rule with its threshold fixed at 1.5
-(``factor`` 1.5, ``k`` 0), whatever the noise and ``--factor``. A plant that never decided anything while the
-check failed is an error, never a pass: the check failed for another reason.
+rows show no noise and nothing detectable); ``threshold 1.5`` is the real rule with its factor fixed at 1.5,
+whatever ``--factor``. A plant that never decided anything while the check failed is an error, never a pass: the
+check failed for another reason.
 
 A replay runs no asv (0.1-0.3 s on this 2-core host, most of it asv's exact Mann-Whitney test where the real rule
 calls it), so the quick test in tests/ci/test_gate.py checks its plants for about half a second beside its 20 s asv
@@ -41,7 +45,7 @@ pytest.importorskip("asv")
 
 from demorepo import make_repo  # noqa: E402
 
-from harness.ci import aaseries, asvresults, asvrun, benchgate  # noqa: E402, F401  aaseries: see _holders
+from harness.ci import aaseries, asvresults, asvrun, benchgate, interleave  # noqa: E402, F401  aaseries: _holders
 from harness.ci.asvresults import Measurement  # noqa: E402
 from harness.ci.benchgate import Verdict  # noqa: E402
 
@@ -51,16 +55,14 @@ _JUDGE = benchgate.judge_rounds  # the real decision, before any plant
 
 
 def _blind(verdict: Verdict) -> Callable:
-    def decide(base, head, factor=benchgate.FACTOR, k=benchgate.NOISE_K, noise=None, different=None):
-        # The real row for the name and values only (asv's test skipped: the verdict ignores it, and its exact
-        # Mann-Whitney takes a quarter of a second here).
-        row = _JUDGE(base, head, factor, k, noise, different=lambda *samples: True)
-        return replace(row, verdict=verdict, threshold=None, noise=None, note="")
+    def decide(base, head, factor=benchgate.FACTOR, history=None, source="rounds"):
+        row = _JUDGE(base, head, factor, history, source)  # for the name and the values only
+        return replace(row, verdict=verdict, threshold=None, noise=None, note="", detects=None, pairs=None)
     return decide
 
 
-def _threshold_1_5(base, head, factor=benchgate.FACTOR, k=benchgate.NOISE_K, noise=None, different=None):
-    return _JUDGE(base, head, 1.5, 0.0, noise, different)
+def _threshold_1_5(base, head, factor=benchgate.FACTOR, history=None, source="rounds"):
+    return _JUDGE(base, head, 1.5, history, source)
 
 
 PLANTS: dict[str, Callable] = {"always 0": _blind(Verdict.SAME), "always 1": _blind(Verdict.WORSE),
@@ -79,18 +81,34 @@ import json, os, sys
 from harness.ci import asvresults
 from harness.cli import console
 
+from harness.ci import interleave
+
 _read = asvresults.read_commit
+_measure = interleave.measure
+
+
+def _record(entry):
+    with open(os.environ["GATE_RECORDING"], "a") as out:
+        out.write(json.dumps(entry) + "\\n")
 
 
 def read_commit(config, machine, commit):
     found = _read(config, machine, commit)
-    with open(os.environ["GATE_RECORDING"], "a") as out:
-        out.write(json.dumps({"commit": commit, "found": [[m.name, m.params, m.unit, m.value, m.samples, m.stats]
-                                                          for m in found.values()]}) + "\\n")
+    _record({"commit": commit, "found": [[m.name, m.params, m.unit, m.value, m.samples, m.stats]
+                                         for m in found.values()]})
     return found
 
 
+def measure(key, unit, *args, **kwargs):
+    done = _measure(key, unit, *args, **kwargs)
+    _record({"pairs": list(key), "unit": unit, "base": [m.value for m in done.base],
+             "head": [m.value for m in done.head], "number": done.number, "stopped": done.stopped,
+             "skipped": done.skipped})
+    return done
+
+
 asvresults.read_commit = read_commit
+interleave.measure = measure
 sys.argv[0] = "harness"
 sys.exit(console())
 """
@@ -127,7 +145,13 @@ class RecordingGate:
         return Replay(self.calls, plant)
 
 
-def _measurements(read: dict) -> tuple[str, dict]:
+def _measurements(read: dict) -> tuple[str, object]:
+    """A recorded read: ``(commit, {key: Measurement})``, or ``("pairs", (key, Sampled))`` for interleaved pairs."""
+    if "pairs" in read:
+        name, params = read["pairs"]
+        sides = [tuple(Measurement(name, params, read["unit"], v) for v in read[side]) for side in ("base", "head")]
+        return "pairs", ((name, params), interleave.Sampled(sides[0], sides[1], read["number"], read["stopped"],
+                                                            read["skipped"]))
     found = {}
     for name, params, unit, value, samples, stats in read["found"]:
         found[name, params] = Measurement(name, params, unit, value, None if samples is None else tuple(samples),
@@ -163,13 +187,22 @@ class Replay:
                 raise ReplayError(broken[-1])
             return reads.pop(0)[1]
 
+        def measure(key, unit, *args, **kwargs):
+            if not reads or reads[0][0] != "pairs" or reads[0][1][0] != tuple(key):
+                broken.append(f"the gate timed {key} in pairs, the real gate read "
+                              f"{reads[0][0][:12] if reads else 'nothing more'}")
+                raise ReplayError(broken[-1])
+            return reads.pop(0)[1][1]
+
         out, err = io.StringIO(), io.StringIO()
         with pytest.MonkeyPatch.context() as patch:
             patch.chdir(repo)
             patch.setattr(asvrun.AsvProject, "run_commit", lambda self, *args, **kwargs: 0)
             patch.setattr(asvrun.AsvProject, "register_machine", lambda self: None)
             patch.setattr(asvrun.AsvProject, "check_build_requirements", lambda self, *commits: None)
+            patch.setattr(asvrun.AsvProject, "install_into", lambda self, commit, target: None)
             patch.setattr(asvresults, "read_commit", read_commit)
+            patch.setattr(interleave, "measure", measure)
             if self.plant is not None:
                 decide = self._counted(PLANTS[self.plant])
                 for module in _holders(_JUDGE):
@@ -241,12 +274,19 @@ def _argv(commit: str, *extra: str) -> tuple[str, ...]:
     return ("bench-compare", commit, commit, "--mode", "existing", "--machine", "plants", *extra)
 
 
-def _rounds(rng, commit: str, slower: float, rounds: int = 2) -> tuple:
-    """``rounds`` interleaved rounds of a 20 ms benchmark (0.3% apart, ten samples 0.2% apart), head ``slower``."""
+def _rounds(rng, commit: str, slower: float, rounds: int = 2, pairs: int = 20) -> tuple:
+    """``rounds`` interleaved rounds of a 20 ms benchmark (0.3% apart, ten samples 0.2% apart), head ``slower``,
+    then ``pairs`` interleaved pairs (0.3% apart; none: ``--no-interleave``)."""
     def measured(seconds):
         samples = tuple(float(s) for s in seconds * (1 + 0.003 * rng.normal()) * (1 + 0.002 * rng.normal(size=10)))
         return commit, {_KEY: Measurement(*_KEY, "seconds", sorted(samples)[5], samples, {"repeat": 10})}
-    return tuple(read for _ in range(rounds) for read in (measured(0.02), measured(0.02 * slower)))
+
+    def sampled(seconds):
+        return tuple(Measurement(*_KEY, "seconds", float(s)) for s in seconds * (1 + 0.003 * rng.normal(size=pairs)))
+    reads = tuple(read for _ in range(rounds) for read in (measured(0.02), measured(0.02 * slower)))
+    if pairs:
+        reads += (("pairs", (_KEY, interleave.Sampled(sampled(0.02), sampled(0.02 * slower), 1, "decided"))),)
+    return reads
 
 
 def test_each_plant_is_wrong_where_the_real_gate_is_right(synthetic):
@@ -261,22 +301,24 @@ def test_each_plant_is_wrong_where_the_real_gate_is_right(synthetic):
     replays = {plant: gate.replay(plant) for plant in (None, *PLANTS)}
     said = {plant: [replay(repo, *call.argv).returncode for call in gate.calls] for plant, replay in replays.items()}
     assert said == {None: [0, 1], "always 0": [0, 0], "always 1": [1, 1], "threshold 1.5": [0, 0]}
-    assert "| 3% |" in gate.replay()(repo, *_argv(commit)).stdout  # the A/A pair: the real rule's floor, 1.03
+    (same,) = [line for line in gate.replay()(repo, *_argv(commit)).stdout.splitlines() if "`bench.Work" in line]
+    assert "20 interleaved pairs" in same and float(same.split("|")[7].strip().rstrip("%")) < 3.5, same  # ~ the floor
     (row,) = [line for line in gate.replay("always 1")(repo, *_argv(commit)).stdout.splitlines()
               if line.startswith("| + |")]
     assert [cell.strip() for cell in row.split("|")[6:8]] == ["", ""], row  # blind: no noise, nothing it could detect
 
 
 def test_a_plant_asking_for_a_measurement_the_real_gate_did_not_make_is_an_error(synthetic):
-    # Without a rerun recorded, a gate that finds the result borderline (worse by 1.05 against the 1.03 floor)
-    # asks for one more round: the replay cannot invent it.
+    # Without more rounds recorded, a gate that finds two rounds undecided (1.05 against the 1.03 floor, t at one
+    # degree of freedom) asks for one more round: the replay cannot invent it.
     import numpy as np
 
     repo, commit = synthetic
     gate = RecordingGate()
-    gate.calls.append(Call(_argv(commit), None, _rounds(np.random.default_rng(3), commit, 1.05)))
+    argv = _argv(commit, "--no-interleave")
+    gate.calls.append(Call(argv, None, _rounds(np.random.default_rng(3), commit, 1.05, pairs=0)))
     with pytest.raises(ReplayError, match="the real gate read nothing more"):
-        gate.replay()(repo, *_argv(commit))
+        gate.replay()(repo, *argv)
 
 
 def test_a_check_that_fails_on_a_plant_before_it_decides_is_an_error_not_a_pass(synthetic):

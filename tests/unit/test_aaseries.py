@@ -1,62 +1,88 @@
-"""The A/A series (``harness.ci.aaseries``) on recorded values: one commit's runs judged against themselves, and
-again with a planted 5% slow-down. A synthetic series keeps the arithmetic checkable; the real series on this
-runner is in docs/regressions.md and tests/ci/test_gate.py."""
+"""The A/A study (``harness.ci.aaseries``) on synthetic recorded runs: the arithmetic checkable, the rule the gate's
+own. The study on real runs of this host is in docs/regressions.md; tests/ci/test_gate.py runs a real one."""
 
 from __future__ import annotations
 
 import json
+import math
+import random
 
-import numpy as np
 import pytest
 
 from harness.ci import aaseries
-from harness.ci.asvresults import Measurement
-from harness.ci.benchgate import FACTOR
 from harness.errors import InvalidValue
 
 
-def _runs(values, name="t.T.time_step", unit="seconds", samples=False):
-    return [Measurement(name, "", unit, v, tuple(v * (1 + 0.001 * i) for i in range(5)) if samples else None,
-                        {"repeat": 5} if samples else None) for v in values]
+def _pairs_run(rng, n=120, spread=0.01, bias=1.0, label="b.time_work"):
+    base, head = [], []
+    for _ in range(n):
+        speed = rng.choice((1.0, 1.3, 1.6))  # the host's step: shared by the pair's two samples
+        base.append(0.02 * speed * math.exp(rng.gauss(0, spread)))
+        head.append(0.02 * speed * bias * math.exp(rng.gauss(0, spread)))
+    return {"pairs": {label: {"unit": "seconds", "number": 1, "base": base, "head": head}}, "rounds": {}}
 
 
-def test_a_quiet_commit_raises_no_alarm_and_the_planted_slowdown_is_caught_in_every_window():
-    rng = np.random.default_rng(0)
-    values = list(0.1 * (1 + 0.002 * rng.normal(size=16)))  # 0.2% noise: the gate's floor, 3%, decides
-    found = aaseries.series({("t.T.time_step", ""): _runs(values)})
-    entry = found.combos["t.T.time_step"]
-    assert found.judged == entry["judged"] == 16 - 5  # windows of 4, each with the next pair to confirm
-    assert found.alarms == 0 and entry["caught"] == entry["judged"]
-    assert max(entry["detects"]) == pytest.approx(FACTOR - 1)
-    assert found.detectable() == {"combinations": 1, "judged": 11, "caught": 11}
-    assert "0 false alarm(s), 0.00% (at most 1%)" in found.text()
-    json.dumps(found.to_json())
+def test_quiet_pairs_raise_no_alarm_and_catch_5_and_10_percent():
+    rng = random.Random(0)
+    runs = [_pairs_run(rng) for _ in range(6)]
+    found = aaseries.study(runs, resampled=400)
+    real, res = found.total("real"), found.total("resampled")
+    assert real.alarms.n == 6 and res.alarms.n == 400 and real.alarms.k == res.alarms.k == 0
+    assert res.caught[1.05].k == res.caught[1.10].k == 400 and real.caught[1.05].k == 6
+    assert found.passes and "PASS" in found.text()
+    combo = found.to_json()["combinations"]["b.time_work"]
+    assert combo["kind"] == "pairs" and combo["resampled"]["pairs_median"] == 20  # decided at the first look
 
 
-def test_a_throughput_is_slowed_down_by_dividing_it():
-    (slow,) = [aaseries.plant(m) for m in _runs([2000.0], "t.T.track_samples_per_second", "samples/s")]
-    assert slow.value == pytest.approx(2000 / 1.05)
-    (slow,) = [aaseries.plant(m) for m in _runs([0.1], samples=True)]
-    assert slow.value == pytest.approx(0.105) and slow.samples[0] == pytest.approx(0.105)
+def test_a_biased_interleaving_is_a_false_alarm_and_fails_the_study():
+    # Head 4% slower on "one commit": what an interleaver that favours one side would record.
+    rng = random.Random(1)
+    found = aaseries.study([_pairs_run(rng, bias=1.04) for _ in range(4)], resampled=200)
+    assert found.total("resampled").alarms.k == 200 and not found.passes and "FAIL" in found.text()
 
 
-def test_a_noisy_combination_says_it_cannot_detect_five_percent_and_a_level_shift_counts_as_alarms():
-    rng = np.random.default_rng(1)
-    noisy = list(1.0 * (1 + 0.05 * rng.normal(size=14)))  # 5% noise: the threshold is about 1 + 3 x 5%
-    # A runner whose every other run is 10% slower (a neighbour job in step with the rounds): the windows whose
-    # head runs are the slow ones are false alarms, as the gate raises them. (A single jump is not: interleaved
-    # rounds put it on both sides.)
-    shifted = [1.0, 1.1] * 7
-    found = aaseries.series({("a.A.time_noisy", ""): _runs(noisy), ("a.A.time_shift", ""): _runs(shifted)})
-    assert found.combos["a.A.time_noisy"]["alarms"] == 0
-    # 2+2 rounds estimate the noise loosely (one window saw 1.1%): most windows detect nothing under 5%
-    assert np.median(found.combos["a.A.time_noisy"]["detects"]) > 0.05
-    assert found.detectable()["combinations"] == 1  # the alternating one: its rounds look quiet
-    assert found.combos["a.A.time_shift"]["alarms"] >= 1 and found.rate > aaseries.MAX_FALSE_ALARMS
+def test_noisy_pairs_resolve_less_and_say_so():
+    # 15% spread a pair, 120 pairs: 3% is beyond what they resolve (caught rarely); detects says about 6-8%.
+    rng = random.Random(2)
+    found = aaseries.study([_pairs_run(rng, spread=0.15) for _ in range(5)], resampled=300)
+    res = found.combos["b.time_work"]["resampled"]
+    assert res.caught[1.03].value < 0.6 and res.alarms.value <= 0.02
+    detects = found.to_json()["combinations"]["b.time_work"]["resampled"]["detects_median"]
+    assert 0.05 < detects < 0.12
 
 
-def test_too_few_runs_or_rounds_are_refused():
-    with pytest.raises(InvalidValue, match="t.T.time_step: 5 runs; an A/A series of 2\\+2 rounds needs at least 6"):
-        aaseries.series({("t.T.time_step", ""): _runs([0.1] * 5)})
-    with pytest.raises(InvalidValue, match="at least 2 rounds a side; got rounds=1"):
-        aaseries.series({("t.T.time_step", ""): _runs([0.1] * 8)}, rounds=1)
+def test_rounds_are_judged_in_windows_that_share_no_run():
+    rng = random.Random(3)
+    runs = [{"pairs": {}, "rounds": {"b.track_rate": {"unit": "samples/s",
+                                                      "value": 1000 * (1 + 0.002 * rng.gauss(0, 1))}}}
+            for _ in range(25)]
+    found = aaseries.study(runs, rounds=2, max_rounds=6, resampled=400)
+    combo = found.combos["b.track_rate"]
+    assert combo["kind"] == "rounds" and combo["real"].alarms.n == 2  # 25 runs: two windows of 12
+    assert combo["resampled"].caught[1.05].k == 400 and found.passes
+    with pytest.raises(InvalidValue, match="11 runs; a window of 6\\+6 rounds needs at least 12"):
+        aaseries.study(runs[:11], max_rounds=6)
+
+
+def test_clopper_pearson_matches_the_beta_quantiles():
+    stats = pytest.importorskip("scipy.stats")
+    for k, n in ((0, 10_000), (3, 24), (24, 24), (950, 1000)):
+        low, high = aaseries.clopper_pearson(k, n)
+        want_low = 0.0 if k == 0 else stats.beta.ppf(0.025, k, n - k + 1)
+        want_high = 1.0 if k == n else stats.beta.ppf(0.975, k + 1, n - k)
+        assert low == pytest.approx(want_low, abs=1e-6) and high == pytest.approx(want_high, abs=1e-6)
+    with pytest.raises(InvalidValue, match="k=5, n=3"):
+        aaseries.clopper_pearson(5, 3)
+
+
+def test_saved_runs_load_and_a_bad_file_is_named(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    run = _pairs_run(random.Random(4), n=20)
+    aaseries.save_run(path, run)
+    aaseries.save_run(path, run)
+    assert aaseries.load_runs(path) == [json.loads(json.dumps(run))] * 2
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\n')
+    with pytest.raises(InvalidValue, match="bad.jsonl:1: not a recorded run"):
+        aaseries.load_runs(tmp_path / "bad.jsonl")
+    with pytest.raises(InvalidValue, match="no recorded runs at"):
+        aaseries.load_runs(tmp_path / "missing.jsonl")

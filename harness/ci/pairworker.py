@@ -1,0 +1,100 @@
+"""One commit's side of an interleaved timing: a process that holds one asv ``time_`` benchmark set up and times it
+on request, one sample at a time (``harness.ci.interleave`` drives two of these, one per commit, alternately).
+
+Run by path, never imported as ``harness.ci.pairworker``: the commit under test may be harness itself, installed in
+a folder first on ``sys.path``, and that folder's harness need not have this module. It imports only the standard
+library and ``asv_runner`` (asv's own benchmark runner: discovery, ``setup_cache``, ``setup``, the timer), so a
+benchmark is set up and timed as ``asv run`` does. This file is the only place that reaches into ``asv_runner``'s
+benchmark objects.
+
+    python -c "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
+        .../pairworker.py BENCHMARK_DIR BENCHMARK_ID     (BENCHMARK_ID as asv names it: ``name`` or ``name-INDEX``)
+
+(not ``python pairworker.py``: that puts harness/ci first on ``sys.path``, where bisect.py shadows the standard
+library's.)
+
+Protocol: one JSON object a line on stdin, one answer a line on stdout (the benchmark's own prints go to stderr):
+
+- at start, once set up: ``{"ready": true, "number": N, "warmup": seconds}`` (N: the benchmark's ``number``, 0 when
+  it lets asv choose), ``{"skip": reason}`` (setup raised ``NotImplementedError`` or the combination is skipped) or
+  ``{"error": traceback}``;
+- ``{"calibrate": true}``: the smallest ``number`` whose sample takes at least the benchmark's ``sample_time``
+  (asv's rule), answered as ``{"number": N}``;
+- ``{"sample": N}``: one sample of N calls, answered as ``{"seconds": per_call}`` or ``{"error": traceback}``;
+- ``{"stop": true}``: teardown, then exit.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+
+def _answer(out, **fields) -> None:
+    out.write(json.dumps(fields) + "\n")
+    out.flush()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: pairworker.py BENCHMARK_DIR BENCHMARK_ID", file=sys.stderr)
+        return 2
+    root, benchmark_id = argv
+    out = sys.stdout
+    sys.stdout = sys.stderr  # the benchmark's prints must not reach the protocol
+    try:
+        from asv_runner.discovery import get_benchmark_from_name
+
+        bench = get_benchmark_from_name(root, benchmark_id)
+        if getattr(bench, "type", None) != "time":
+            _answer(out, error=f"{benchmark_id} is a {getattr(bench, 'type', '?')} benchmark, not a time_ one")
+            return 1
+        bench.set_cache(bench.do_setup_cache() if bench.setup_cache_key is not None else None)
+        if bench.do_setup():
+            _answer(out, skip="setup skipped this combination")
+            return 0
+        params = bench._build_params()
+        timer = bench._get_timer(*params)
+    except NotImplementedError:
+        _answer(out, skip="setup raised NotImplementedError")
+        return 0
+    except Exception:  # the commit's benchmark failed to set up: the driver reports it, naming the commit
+        _answer(out, error=traceback.format_exc())
+        return 1
+    warmup = bench.warmup_time if bench.warmup_time >= 0 else 0.1
+    _answer(out, ready=True, number=int(bench.number), warmup=warmup)
+    try:
+        for line in sys.stdin:
+            command = json.loads(line)
+            if "stop" in command:
+                break
+            try:
+                if "calibrate" in command:
+                    number = 1
+                    while timer.timeit(number) < bench.sample_time and number < 10**7:
+                        number *= 2
+                    _answer(out, number=number)
+                elif "sample" in command:
+                    number = int(command["sample"])
+                    _answer(out, seconds=timer.timeit(number) / number)
+                elif "warm" in command:
+                    end = time.perf_counter() + float(command["warm"])
+                    while time.perf_counter() < end:
+                        timer.timeit(1)
+                    _answer(out, warm=True)
+                else:
+                    _answer(out, error=f"unknown command {command!r}")
+            except Exception:
+                _answer(out, error=traceback.format_exc())
+    finally:
+        try:
+            bench.do_teardown()
+        except Exception:
+            traceback.print_exc()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,116 @@
+"""Interleaved pairs (``harness.ci.interleave`` and its worker): two processes, one per side, sampled in turn, the
+order alternating; a side that fails to set up is named, one that skips is a skip; a hung side cannot hang the
+gate. asv's benchmark list is not built here: ``benchmark_id`` is pointed at a folder of benchmarks directly."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("asv_runner")
+
+from harness.ci import interleave  # noqa: E402
+from harness.errors import Failed  # noqa: E402
+
+_BENCH = textwrap.dedent('''
+    import os
+    import time
+    from pathlib import Path
+
+
+    class Logged:
+        number = 1
+        warmup_time = 0
+
+        def setup(self):
+            self.side = Path(os.environ["PYTHONPATH"]).name  # the folder of "the commit": base or head
+
+        def time_call(self):
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(self.side + "\\n")
+
+
+    class Broken:
+        def setup(self):
+            if Path(os.environ["PYTHONPATH"]).name == "head":
+                raise RuntimeError("head's setup is broken")
+
+        def time_call(self):
+            pass
+
+
+    class Skipped:
+        def setup(self):
+            raise NotImplementedError
+
+        def time_call(self):
+            pass
+
+
+    class Hangs:
+        number = 1
+        warmup_time = 0
+
+        def time_call(self):
+            if Path(os.environ["PYTHONPATH"]).name == "head":
+                time.sleep(60)
+''')
+
+
+@pytest.fixture()
+def suite(tmp_path, monkeypatch):
+    benchmarks = tmp_path / "benchmarks"
+    benchmarks.mkdir()
+    (benchmarks / "__init__.py").write_text("")
+    (benchmarks / "pairs.py").write_text(_BENCH)
+    targets = (tmp_path / "base", tmp_path / "head")
+    for target in targets:
+        target.mkdir()
+    monkeypatch.setenv("PAIR_LOG", str(tmp_path / "log"))
+    monkeypatch.setattr(interleave, "benchmark_id", lambda config, key: (benchmarks, key[0]))
+    return tmp_path, targets
+
+
+def _measure(name, targets, decide=lambda base, head: False, **limits):
+    return interleave.measure((f"pairs.{name}.time_call", ""), "seconds", Path("asv.conf.json"), targets, decide,
+                              **limits)
+
+
+def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(suite):
+    folder, targets = suite
+    looks = []
+
+    def decide(base, head):
+        looks.append(len(base))
+        return len(base) >= 40
+
+    done = _measure("Logged", targets, decide, min_pairs=20, batch=20)
+    assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and looks == [20, 40]
+    assert done.number == 1 and all(m.value > 0 for m in done.base + done.head)
+    calls = (folder / "log").read_text().split()
+    assert calls[:6] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
+
+
+def test_limits_stop_the_sampling(suite):
+    _, targets = suite
+    assert _measure("Logged", targets, min_pairs=20, max_pairs=30).stopped == "max pairs"
+    done = _measure("Logged", targets, min_pairs=20, budget_s=0.0)
+    assert done.stopped == "budget" and len(done.base) == 1
+
+
+def test_a_side_that_fails_is_named_and_one_that_skips_is_a_skip(suite):
+    _, targets = suite
+    with pytest.raises(Failed, match="the head side's benchmark failed: RuntimeError: head's setup is broken"):
+        _measure("Broken", targets)
+    skipped = _measure("Skipped", targets)
+    assert skipped.stopped == "skipped" and "head: setup skipped this combination" in skipped.skipped
+    assert not skipped.base and not skipped.head
+
+
+def test_a_side_that_stops_answering_fails_within_its_timeout(suite, monkeypatch):
+    _, targets = suite
+    monkeypatch.setattr(interleave, "_SAMPLE_S", 2.0)
+    with pytest.raises(Failed, match="the head side's benchmark process did not answer within 2 s"):
+        _measure("Hangs", targets)
