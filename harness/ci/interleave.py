@@ -96,7 +96,7 @@ class _Worker:
             if self.process.poll() is None:
                 self.process.stdin.write(json.dumps({"stop": True}) + "\n")  # type: ignore[union-attr]
                 self.process.stdin.close()  # type: ignore[union-attr]
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=3)
         except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
             self.process.wait()
