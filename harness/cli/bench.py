@@ -231,11 +231,16 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure) -> list:
         # asv matches a parametrized benchmark's regex against ``name(params)``: one regex per combination
         measure(sorted({"^" + re.escape(f"{name}({params})" if params else name) + "$" for name, params in keys}),
                 keys)
-        rows = [benchgate.judge_rounds(rounds.base.get((row.name, row.params), []),
-                                       rounds.head.get((row.name, row.params), []), args.factor,
-                                       history.get((row.name, row.params)))
+        rows = [_again(row, benchgate.judge_rounds(rounds.base.get((row.name, row.params), []),
+                                                   rounds.head.get((row.name, row.params), []), args.factor,
+                                                   history.get((row.name, row.params))))
                 if (row.name, row.params) in keys else row for row in rows]
     return rows
+
+
+def _again(before, after):
+    """``after`` (a row judged on more rounds), keeping why ``before`` was not timed in pairs."""
+    return after if after.note or not before.note.startswith("not timed in pairs") else replace(after, note=before.note)
 
 
 def _label(key) -> str:
@@ -308,10 +313,15 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
         targets = None
+        measured: dict = {}
         for number in range(args.aa_series):
             print(f"harness bench-compare: A/A run {number + 1} of {args.aa_series}", file=sys.stderr, flush=True)
-            project.run_commit(commit, args.bench or [])
-            measured = asvresults.read_commit(project.config, project.machine, commit)
+            # asv runs once where every benchmark it measured is timed in pairs (the study's runs are the pairs'),
+            # else every run (the rounds are the study's runs)
+            ok = [key for key, m in measured.items() if m.ok]
+            if not ok or not pairs or not all(_timed(name) for name, _ in ok):
+                project.run_commit(commit, args.bench or [])
+                measured = asvresults.read_commit(project.config, project.machine, commit)
             run: dict = {"run": number, "commit": commit, "pairs": {}, "rounds": {}}
             timed = [key for key, m in measured.items() if m.ok and pairs and _timed(key[0])]
             for key, m in measured.items():

@@ -86,3 +86,20 @@ def test_saved_runs_load_and_a_bad_file_is_named(tmp_path):
         aaseries.load_runs(tmp_path / "bad.jsonl")
     with pytest.raises(InvalidValue, match="no recorded runs at"):
         aaseries.load_runs(tmp_path / "missing.jsonl")
+
+
+def test_the_cli_studies_saved_runs_and_names_a_bad_option(tmp_path, capsys):
+    from harness.cli import main
+
+    path = tmp_path / "runs.jsonl"
+    rng = random.Random(5)
+    for _ in range(4):
+        aaseries.save_run(path, _pairs_run(rng))
+    assert main(["bench-compare", "x", "y", "--from-runs", str(path), "--resampled", "400", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["runs"] == 4 and found["passes"] and found["resampled"]["caught"]["5%"]["n"] == 400
+    assert main(["bench-compare", "x", "y", "--save-runs", str(path)]) == 2
+    assert "--save-runs and --aa-pairs go with --aa-series N" in capsys.readouterr().err
+    assert main(["bench-compare", "x", "y", "--from-runs", str(path), "--aa-series", "3"]) == 2
+    (tmp_path / "biased.jsonl").write_text("".join(json.dumps(_pairs_run(rng, bias=1.04)) + "\n" for _ in range(3)))
+    assert main(["bench-compare", "x", "y", "--from-runs", str(tmp_path / "biased.jsonl"), "--resampled", "50"]) == 1
