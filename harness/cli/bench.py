@@ -54,7 +54,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from harness.cli.asvopts import add_asv_options, asv_project
-from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue
+from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue, Unavailable
 
 __all__ = ["add_parser", "run"]
 
@@ -184,7 +184,11 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
     if project.mode != "existing" or args.no_interleave or not wanted:
         return rows
     with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
-        targets = _install_pair(project, base, head, Path(folder))
+        try:
+            targets = _install_pair(project, base, head, Path(folder))
+        except (Failed, Unavailable) as err:  # the rounds' rows stand, saying why
+            print(f"harness bench-compare: warning: no interleaved pairs: {err}", file=sys.stderr)
+            return [replace(row, note=f"not timed in pairs: {err}") if row in wanted else row for row in rows]
         judged = {}
         for row in wanted:
             key = (row.name, row.params)

@@ -159,3 +159,23 @@ def test_accuracy_directions():
     assert higher_is_better("convergence.C.track_final_accuracy", "accuracy")
     assert not higher_is_better("convergence.C.track_steps_to_accuracy", "steps")
     assert not higher_is_better("convergence.C.track_seconds_to_accuracy", "s")
+
+
+def test_a_commit_that_cannot_be_installed_for_pairs_keeps_its_rounds_verdict_and_says_why():
+    import argparse
+
+    from harness.cli import bench
+    from harness.errors import Failed
+
+    class Project:
+        mode = "existing"
+
+        def install_into(self, commit, target):
+            raise Failed(f"installing {commit} into {target.name} failed (exit 1)")
+
+    rows = [judge_rounds(_rounds("a.time_x", "s", 1.0, 1.0), _rounds("a.time_x", "s", 1.3, 1.3), 1.1),
+            judge_rounds(_rounds("a.track_y", "n", 1.0, 1.0), _rounds("a.track_y", "n", 1.0, 1.0), 1.1)]
+    args = argparse.Namespace(no_interleave=False, no_rerun=False, factor=1.1, pair_budget=None)
+    kept = bench._interleave(args, Project(), "a" * 40, "b" * 40, rows, {})
+    assert kept[0].verdict is Verdict.WORSE and kept[0].note.startswith("not timed in pairs: installing aaaa")
+    assert kept[1] == rows[1]  # not a time_ benchmark: never timed in pairs
