@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.ci.asvresults import Measurement
 from harness.ci.benchgate import FACTOR, Verdict, higher_is_better, judge_rounds, paired, settled, worse_ratio
+from harness.ci.interleave import BATCH, MIN_PAIRS
 from harness.errors import InvalidValue
 
 __all__ = ["PLANTS", "SLOWDOWN", "MAX_FALSE_ALARMS", "RESAMPLED", "BLOCK", "PAIRS", "Rate", "Study", "plant",
@@ -115,12 +116,23 @@ class _Tally:
             rate = self.caught.get(slowdown, Rate(0, 0))
             self.caught[slowdown] = Rate(rate.k + worse, rate.n + 1)
 
+    @property
+    def detects_median(self) -> float | None:
+        return _middle(self.detects)
+
+    @property
+    def pairs_median(self) -> int | None:
+        return _middle(self.pairs)
+
     def to_json(self) -> dict:
-        ordered = sorted(self.detects)
         return {"false_alarms": self.alarms.to_json(),
                 "caught": {f"{100 * (p - 1):.0f}%": rate.to_json() for p, rate in sorted(self.caught.items())},
-                "detects_median": ordered[len(ordered) // 2] if ordered else None,
-                "pairs_median": sorted(self.pairs)[len(self.pairs) // 2] if self.pairs else None}
+                "detects_median": self.detects_median, "pairs_median": self.pairs_median}
+
+
+def _middle(values: list):
+    """The upper median of ``values`` (one of them, not an average), or None."""
+    return sorted(values)[len(values) // 2] if values else None
 
 
 @dataclass
@@ -166,8 +178,7 @@ class Study:
                   "| detects (median) | pairs (median) |", "|---|---|---|---|---|---|---|---|"]
         for label, c in sorted(self.combos.items()):
             real, res = c["real"], c["resampled"]
-            detects = sorted(res.detects)[len(res.detects) // 2] if res.detects else None
-            used = sorted(res.pairs)[len(res.pairs) // 2] if res.pairs else None
+            detects, used = res.detects_median, res.pairs_median
             lines.append(f"| `{label}` | {c['kind']} | {real.alarms.text()} | "
                          f"{real.caught.get(SLOWDOWN, Rate(0, 0)).text()} | {res.alarms.text()} | "
                          f"{res.caught.get(SLOWDOWN, Rate(0, 0)).text()} | "
@@ -218,7 +229,7 @@ def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tall
 
 
 def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_rounds: int = 6,
-          resampled: int = RESAMPLED, seed: int = 0, min_pairs: int = 20, batch: int = 20) -> Study:
+          resampled: int = RESAMPLED, seed: int = 0, min_pairs: int = MIN_PAIRS, batch: int = BATCH) -> Study:
     """Judges recorded A/A runs (:func:`load_runs`' format) as the module says.
 
     Raises:
@@ -312,7 +323,3 @@ def load_runs(path: Path | str) -> list[dict]:
             raise InvalidValue(f"{path}:{number}: not a recorded run (no 'pairs' or 'rounds')")
         runs.append(run)
     return runs
-
-
-def labels(runs: Iterable[Mapping]) -> list[str]:
-    return sorted({label for run in runs for kind in ("pairs", "rounds") for label in run.get(kind, {})})

@@ -182,10 +182,6 @@ class Row:
         """The smallest relative change this benchmark's verdict detects with probability ``POWER`` (0.1: 10%)."""
         return self.detects
 
-    @property
-    def decided(self) -> bool:
-        return decided(self)
-
     def to_json(self) -> dict:
         return {"name": self.name, "params": self.params, "unit": self.unit, "base": self.base, "head": self.head,
                 "verdict": self.verdict.value, "ratio": self.ratio, "threshold": self.threshold,

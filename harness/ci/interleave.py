@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.ci.asvresults import Key, Measurement
+from harness.ci.benchgate import MEDIAN_PAIRS
 from harness.errors import Failed
 
 __all__ = ["Sampled", "measure", "benchmark_id", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S"]
 
 WORKER = Path(__file__).with_name("pairworker.py")
-MIN_PAIRS = 20  # benchgate.MEDIAN_PAIRS: the median and its order-statistic bounds
+MIN_PAIRS = MEDIAN_PAIRS  # the first look: from here on, the median and its order-statistic bounds
 BATCH = 20  # pairs between two looks at the bounds
 MAX_PAIRS = 2000
 BUDGET_S = 60.0  # seconds of sampling per benchmark combination, setup not counted
