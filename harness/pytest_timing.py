@@ -11,8 +11,9 @@ Registered by harness' pytest plugin (harness/pytest_plugin.py). Where a run wri
   the property is left out): a TensorFlow process lives for seconds, far longer than the watch's interval.
 
 With ``--time-budget STEP``, the run ends with one line holding its wall time against ``STEP``'s budget in
-``--time-budget-file`` (default ``.ci/test-budget.toml`` under the rootdir), scaled by this host's probe taken
-then (in the budget file's ``probe_workers`` processes at once) against the reference host's, e.g. ``quick loop:
+``--time-budget-file`` (default ``.ci/test-budget.toml`` under the rootdir), scaled by this host's probe (in the
+budget file's ``probe_workers`` processes at once; the mean of one taken before the tests and one after, both
+shown) against the reference host's, e.g. ``quick loop:
 512 s, budget 480 s x 1.07 (this host's probe 0.112 s vs reference 0.105 s, 2 workers) = 514 s``; the line says
 so where the run is a subset of the step (test paths or ``-k`` given), or ran in another number of workers.
 """
@@ -116,8 +117,17 @@ class TimingPlugin:
         self.junit = bool(config.getoption("xmlpath", None))
         self.watch = ProcessWatch() if self.junit and ProcessWatch.available() else None
         self.started = time.monotonic()
+        self.probe_start: float | None = None
         if self.watch is not None:
             self.watch.start()
+
+    def pytest_sessionstart(self, session):
+        # The host's speed moves (on a 2-core CI host the probe read 0.13-0.21 s within one hour): one probe before
+        # the tests and one after, their mean, halve a single probe's variance. Before xdist's workers start, so
+        # that the tests do not load it.
+        config = session.config
+        if config.getoption("--time-budget", None) and not hasattr(config, "workerinput"):
+            self.probe_start = self._probe(config)[0]
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -159,12 +169,11 @@ class TimingPlugin:
         except InvalidValue as err:
             terminalreporter.write_line(f"harness: {label}: {wall:.0f} s; its budget cannot be read: {err}")
             return
-        # The probe as the budget file's was taken (its worker count), so that the two compare; ~1 s at 2 workers.
-        try:
-            probe: float | None = testtime.probe_host(3, workers=budgets.probe_workers)
-            failed = ""
-        except (RuntimeError, OSError) as err:  # the line still comes, unscaled, saying why
-            probe, failed = None, f" - this host's probe failed: {err}"
+        probe, failed = self._probe(config, budgets.probe_workers)
+        if probe is not None and self.probe_start is not None:
+            failed = (f" - this host's probe {self.probe_start:.3f} s before the tests, {probe:.3f} s after: "
+                      f"their mean scales the budget")
+            probe = (probe + self.probe_start) / 2
         line = testtime.budget_line(label, wall, budgets.steps.get(step), budgets, probe) + failed
         if _is_subset(config):
             line += " - this run is a subset of the step (test paths or -k given): the budget is the whole step's"
@@ -172,6 +181,25 @@ class TimingPlugin:
         if workers != budgets.probe_workers:
             line += f" - this run used {workers} worker(s), the step {budgets.probe_workers}"
         terminalreporter.write_line(f"harness: {line}")
+
+
+    def _probe(self, config, workers: int | None = None) -> tuple[float | None, str]:
+        """This host's probe, taken as the budget file's was (its worker count) so that the two compare (~1 s at 2
+        workers), and why there is none."""
+        from harness.ci import testtime
+        from harness.errors import InvalidValue
+
+        if workers is None:
+            path = config.getoption("--time-budget-file", None) or str(
+                Path(config.rootpath) / ".ci" / "test-budget.toml")
+            try:
+                workers = testtime.read_budgets(path).probe_workers
+            except InvalidValue:
+                return None, ""  # the end of the run says why the budget cannot be read
+        try:
+            return testtime.probe_host(3, workers=workers), ""
+        except (RuntimeError, OSError) as err:  # the line still comes, unscaled, saying why
+            return None, f" - this host's probe failed: {err}"
 
 
 def _is_subset(config) -> bool:

@@ -115,15 +115,18 @@ def claim_problems(tests: Mapping[str, Collected], root: Path | None = None) -> 
 
 
 def claimant_files(root: Path) -> set[str]:
-    """The test modules under ``root``/tests whose text holds a ``covered_by`` or ``keras2_extended`` marker, and the
-    modules their claims name (read from the text: node ids are string literals), relative to ``root``."""
+    """The test modules under ``root``/tests whose text holds a ``covered_by`` or ``keras2_extended`` marker, the
+    modules their claims name (read from the text: node ids are string literals), and the modules named in
+    tests/conftest.py (its ``MOVED_FOR_TIME`` cases and their claims), relative to ``root``."""
     files = set()
     for path in sorted((root / "tests").rglob("test_*.py")):
         text = path.read_text(encoding="utf-8")
         if f"mark.{MARKER}" in text or "mark.keras2_extended" in text:
             files.add(str(path.relative_to(root)))
             files |= {name for name in ROOTS.findall(text) if (root / name).is_file()}
-    return files
+    # tests/conftest.py's MOVED_FOR_TIME: the cases it moves and the quick tests it names
+    text = (root / "tests" / "conftest.py").read_text(encoding="utf-8")
+    return files | {name for name in ROOTS.findall(text) if (root / name).is_file()}
 
 
 class Dump:

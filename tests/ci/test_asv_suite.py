@@ -95,6 +95,8 @@ def _saved_results(results_dir: Path) -> dict:
 
 
 @pytest.mark.extended
+@pytest.mark.slow  # 209 s of test time in .ci/run (12 TensorFlow processes): slow.yml; the wheel step runs an
+# adopter's generated suites with asv --quick
 def test_one_combination_of_every_benchmark_runs(config, tmp_path, emulation):
     # Judged on asv's saved results, not on words in the log: TensorFlow prints lines such as
     # "failed call to cuInit" on machines without a GPU (tf-keras pulls in the CUDA wheel).

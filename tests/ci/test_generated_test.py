@@ -96,6 +96,7 @@ def _cases(report: Path) -> dict[str, tuple[bool, str]]:
 
 
 @pytest.mark.usefixtures("keras3")  # its adopter's models: keras.ops, keras.mixed_precision.set_dtype_policy
+@pytest.mark.slow  # 163 s in .ci/run: slow.yml; .ci/run's wheel step runs a generated test failing on a planted layer
 def test_the_generated_test_passes_names_and_fails_for_the_right_reasons(tmp_path, capsys):
     from harness.project import read_toml
 

@@ -42,6 +42,7 @@ def test_a_shared_batchnorm_in_a_nested_model_equals_one_device_with_a_one_row_s
 
 
 @pytest.mark.extended  # ~2 min; the quick test above, the cut, the combination and its backward pass
+@pytest.mark.slow  # 140 s in .ci/run: slow.yml
 @pytest.mark.covered_by(QUICK)
 def test_every_batchnorm_form_equals_one_device_at_uneven_splits():
     # At 7:2:1, the split with a one-row shard (5:3:2: the pinned cases of test_onjax.py and the JAX zoo).

@@ -76,6 +76,7 @@ def test_the_check_models_meet_their_pins_on_three_jax_devices():
 
 
 @pytest.mark.extended
+@pytest.mark.slow  # 151 s in .ci/run: slow.yml; the check models' pins run in the extended step
 def test_every_case_meets_its_pin_on_three_jax_devices():
     _check_pins(_judged([name for name in PINS if name not in QUICK]))
 

@@ -129,6 +129,7 @@ def test_only_the_chief_writes_the_backup_and_the_plain_model(runs, any_keras, l
 
 
 @pytest.mark.extended
+@pytest.mark.slow  # 64 s in .ci/run (10 TensorFlow processes): slow.yml
 def test_keras_own_backup_and_restore_resumes_to_other_weights(runs, tmp_path, keras3):
     """The control: the test tells a lost optimizer state apart. Keras 3's callback saves the parallel model's
     template (weights only); each worker gets its own directory (in one directory both write the same

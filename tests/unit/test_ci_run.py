@@ -94,7 +94,7 @@ def test_the_markers_ci_cannot_run_run_in_a_workflow(marker):
 
 
 @pytest.mark.parametrize(("old", "new", "found"), [
-    ('-m "extended and not timing" --run-extended', "-m slow", "'extended' tests"),
+    ('-m "extended and not timing and not slow" --run-extended', "-m slow", "'extended' tests"),
     ('.venv/bin/pytest -n 2 -m "not timing"', '.venv/bin/pytest -n 4 -m "not timing"', "README's test command"),
     ('.venv/bin/pytest -n 2 -m "not timing"', '.venv/bin/pytest -n 2 -m "not timing and not slow"',
      "README's test command"),

@@ -29,6 +29,7 @@ def _run(tmp_path: Path, *args: str, timeout: float = 300, **env: str) -> subpro
 
 
 @pytest.mark.extended
+@pytest.mark.slow  # 66 s in .ci/run: slow.yml; the planted defect's dry run stays in the extended step
 def test_dry_run_holds_exactness_and_records_every_check(tmp_path):
     done = _run(tmp_path, "--dry-run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]

@@ -1,6 +1,7 @@
 """harness test-time: where a run's time went (JUnit + the plugin's properties) and the steps against their budget."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -202,5 +203,10 @@ def test_the_plugin_records_markers_and_the_tensorflow_processes_each_test_start
         "test_starts_tensorflow": ((), 1), "test_starts_plain_python": ((), 0), "test_marked": (("timing",), 0)}
     assert "harness: quick loop: " in done.stdout
     assert " s, budget 40 s x " in done.stdout and " s vs reference 0.100 s, 2 workers) = " in done.stdout
-    assert "s (budget.toml, [steps.quick]) - this run is a subset" in done.stdout
-    assert "- this run used 1 worker(s), the step 2" in done.stdout
+    line = next(line for line in done.stdout.splitlines() if line.startswith("harness: quick loop: "))
+    assert "s (budget.toml, [steps.quick]) - this host's probe " in line, line
+    assert "- this run is a subset" in line and "- this run used 1 worker(s), the step 2" in line, line
+    # The scale is the mean of the probes before and after the tests.
+    before, after = map(float, re.search(r"probe ([\d.]+) s before the tests, ([\d.]+) s after", line).groups())
+    shown = float(re.search(r"this host's probe ([\d.]+) s vs reference", line).group(1))
+    assert shown == pytest.approx((before + after) / 2, abs=1.5e-3), line
