@@ -13,9 +13,14 @@ Per-device figures are shares, as for TensorFlow's logical CPU devices: nothing 
 time here, so each device's samples/s is its rows per step x steps / the window's seconds (source ``jax share``).
 JAX CPU devices of one host share its cores: their figures are overhead, not speed-up.
 
+The stock baseline on JAX (method ``keras``) is what a user would run instead of harness: on several devices Keras'
+own ``keras.distribution.DataParallel`` (the batch in even shards, one SPMD program a step), on one device plain Keras
+on it (``jax.default_device``). DataParallel shards the batch evenly, so its batch is a multiple of the device count
+(``stock_batches`` rounds it down and says so).
+
 What needs TensorFlow is refused by name (``harness.errors.Refused``, reason ``jax-workload``): a user's model with
-real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Emulated devices, multi-worker runs, the stock
-baseline, rebalancing and the tuner are TensorFlow's; the CLI refuses or leaves them out.
+real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Emulated devices, multi-worker runs,
+rebalancing and the tuner are TensorFlow's; the CLI refuses or leaves them out.
 
 Nothing here imports TensorFlow, at import or when run (tests/onjax/test_bench_jax.py runs it with TensorFlow's import
 blocked); JAX and Keras are imported when a run starts, after ``select_backend`` and the devices.
@@ -23,6 +28,7 @@ blocked); JAX and Keras are imported when a run starts, after ``select_backend``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -33,13 +39,32 @@ from typing import Any
 
 from harness.errors import InvalidValue, Refused, Unavailable
 
-__all__ = ["SOURCE", "JaxDevices", "select_backend", "setup_devices", "check_workload", "run_one",
-           "execute", "environment", "config_json"]
+__all__ = ["SOURCE", "STOCK", "JaxDevices", "select_backend", "setup_devices", "check_workload", "stock_batches",
+           "run_one", "execute", "environment", "config_json"]
 
 #: how a JAX run's per-device figures are made (``harness.bench.runner.SOURCES`` says how, for the console's legend)
 SOURCE = "jax share"
 
+#: what method ``keras`` runs on JAX, by device count (the rows' ``stock`` field)
+STOCK = {"one": "plain Keras on the device", "several": "keras.distribution.DataParallel, even shards"}
+
 _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
+
+
+def stock_batches(batch: int, devices: int) -> tuple[tuple[int, ...], str | None]:
+    """The per-device batches of Keras' DataParallel for a global ``batch`` over ``devices``: even shards, the batch
+    rounded down to a multiple of the device count, and a note saying so where it was (None where it divides).
+
+    Raises:
+        InvalidValue: fewer rows than devices (a shard would be empty).
+    """
+    if devices < 1 or batch < devices:
+        raise InvalidValue(f"Keras' DataParallel needs a batch of at least one row per device: batch {batch} over "
+                           f"{devices} device(s)")
+    share = batch // devices
+    note = None if share * devices == batch else (
+        f"batch {batch} rounded to {share * devices}: DataParallel shards evenly, a multiple of the {devices} devices")
+    return (share,) * devices, note
 
 
 @dataclass(frozen=True)
@@ -236,40 +261,96 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
 
     Args:
         config: a ``harness.bench.runner.RunConfig`` whose ``devices`` are JAX device names (``cpu:0``, ``gpu:1``;
-            ``setup_devices``), method ``single`` (one device) or ``towers``; its ``batches`` are the split.
+            ``setup_devices``), method ``single`` (one device), ``towers`` or ``keras`` (the stock baseline:
+            ``STOCK``; several devices need even ``batches``: ``stock_batches``); its ``batches`` are the split.
         on_window: called with each finished window's record.
         on_step: ``harness.bench.measure.window_callback``'s progress hook.
         check_input: also time the batches alone (``result["input"]``).
 
     Returns:
         ``{"config" (with "backend": "jax"), "status" ("complete" | "oom"), "windows", "summary", "input",
-        "error"}``.
+        "error"}``, and for method ``keras`` ``"stock"``: what ran (``STOCK``), and ``"weights_on"``: the devices
+        that hold the model's first weight after training (DataParallel's mesh, or the one device).
 
     Raises:
         Refused: a workload or model the JAX path cannot train (``jax-workload``, ``jax-batchnorm``, ...), a method
-            other than single and towers (``jax-method``).
+            other than single, towers and keras (``jax-method``).
         Unavailable: Keras does not run on JAX in this process (``select_backend`` came too late).
     """
     import keras
 
-    from harness.bench.measure import window_callback
     from harness.bench.runner import summarize_windows
     from harness.bench.workloads.pipeline import is_starved, measure_input_rate
     from harness.parallel import parallelize
+    from harness.parallel.jax import device_name
 
     if keras.backend.backend() != "jax":
         raise Unavailable(f"Keras runs on {keras.backend.backend()} in this process; a JAX run needs "
                           "KERAS_BACKEND=jax before Keras is imported (harness.bench.jaxbench.select_backend)")
-    if config.method not in ("single", "towers"):
+    if config.method not in ("single", "towers", "keras"):
         raise Refused("jax-method", f"method {config.method!r} is TensorFlow's; on Keras' JAX backend harness runs "
-                                    "'towers' (several devices) or 'single' (one)")
+                                    "'towers' (several devices), 'single' (one) and the stock baseline 'keras' "
+                                    "(Keras' DataParallel)")
     workload = check_workload(config.model, config.data)
-    template = workload.build(config.size, seed=config.seed)
-    model = parallelize(template, list(config.devices), ratios=list(config.batches), method="towers")
-    model.compile(**workload.compile_args(template))
     batches, more = _batches(workload, config)
     result: dict[str, Any] = {"config": config_json(config), "status": "running", "windows": [], "summary": None,
                               "input": None, "error": None}
+    with _stock_scope(config) as stock:
+        if stock is not None:
+            result["stock"] = stock
+        template = workload.build(config.size, seed=config.seed)
+        model = template if stock is not None else parallelize(template, list(config.devices),
+                                                               ratios=list(config.batches), method="towers")
+        model.compile(**workload.compile_args(template))
+        _fit(model, batches, config, result, on_window, on_step)
+        if stock is not None:  # where Keras put the weights: every device of DataParallel's mesh, or the one
+            value = model.trainable_weights[0].value
+            result["weights_on"] = sorted(device_name(d) for d in value.devices())
+    if result["status"] != "complete":
+        return result
+    result["summary"] = summarize_windows(result["windows"])
+    if not check_input:
+        return result
+    rate = measure_input_rate(more(), config.batch, seconds=min(0.5, config.seconds))
+    train = result["summary"]["samples_per_second"]["median"]
+    result["input"] = {"samples_per_second": rate.samples_per_second,
+                       "starved": bool(train and is_starved(rate.samples_per_second, train))}
+    return result
+
+
+@contextlib.contextmanager
+def _stock_scope(config) -> Iterator[str | None]:
+    """For method ``keras``: Keras' DataParallel over the devices (several), or the one device made JAX's default,
+    while the model is built and trained; yields what runs (``STOCK``), None for harness' methods.
+
+    Raises:
+        InvalidValue: DataParallel's shards are not even (``stock_batches`` makes them so).
+    """
+    if config.method != "keras":
+        yield None
+        return
+    import jax
+    import keras
+
+    from harness.parallel.jax import resolve_jax_devices
+
+    devices = resolve_jax_devices(list(config.devices))
+    if len(devices) == 1:
+        with jax.default_device(devices[0]):
+            yield STOCK["one"]
+        return
+    if len(set(config.batches)) != 1:
+        raise InvalidValue(f"Keras' DataParallel shards the batch evenly; got batches {list(config.batches)} "
+                           "(harness.bench.jaxbench.stock_batches)")
+    distribution = keras.distribution.DataParallel(devices=list(devices))
+    with distribution.scope():
+        yield STOCK["several"]
+
+
+def _fit(model, batches, config, result: dict, on_window, on_step) -> None:
+    """Trains ``model`` on ``batches`` for ``config``'s windows, each finished window into ``result``; an XLA out of
+    memory ends it as ``"oom"`` with its line, anything else is raised."""
+    from harness.bench.measure import window_callback
 
     def finished(window):
         result["windows"].append(_window_record(window, config))
@@ -285,16 +366,8 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
         if line is None:
             raise
         result.update(status="oom", error=line)
-        return result
+        return
     result["status"] = "complete"
-    result["summary"] = summarize_windows(result["windows"])
-    if not check_input:
-        return result
-    rate = measure_input_rate(more(), config.batch, seconds=min(0.5, config.seconds))
-    train = result["summary"]["samples_per_second"]["median"]
-    result["input"] = {"samples_per_second": rate.samples_per_second,
-                       "starved": bool(train and is_starved(rate.samples_per_second, train))}
-    return result
 
 
 def execute(config, out, prefix: str = "", compact: bool = False) -> dict:

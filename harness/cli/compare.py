@@ -30,9 +30,11 @@ Examples:
     harness compare --backend jax --logical-cpus 3 --batch 300   # Keras 3 on 3 JAX CPU devices
 
 ``--backend jax`` runs Keras 3 on JAX devices (``--logical-cpus N`` JAX CPU devices, or ``--gpus``), no
-TensorFlow in the process: each device alone, the whole batch on the first, the even and the ratio
-split with towers. The stock rows and the tuned split are TensorFlow's and are left out (a note says
-so); ``--emulate``, ``--workers``, ``--methods mirrored`` and ``--overlap`` are refused.
+TensorFlow in the process: each device alone, the whole batch on the first (harness' wrapper, then plain Keras),
+Keras' own ``keras.distribution.DataParallel`` on the even split (the stock rows: even shards, the batch rounded
+down to a multiple of the device count where it does not divide, the row saying so), the even and the ratio split
+with towers. The tuned split is TensorFlow's and is left out (a note says so); ``--emulate``, ``--workers``,
+``--methods mirrored`` and ``--overlap`` are refused.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-tune", action="store_true", help="leave out the tuned split (saves the profiling time)")
     p.add_argument("--no-stock", action="store_true",
                    help="leave out the stock Keras rows (plain Keras on the first device, Keras fit under a stock "
-                        "MirroredStrategy on the even split)")
+                        "MirroredStrategy on the even split; on --backend jax Keras' own DataParallel)")
     p.add_argument("--overlap", choices=("on", "off", "both"),
                    help="harness' steps copy each device's next slice while the step runs (on), inside it (off), "
                         "or both: the last split's rows again without the overlap, its gain measured in this run "
@@ -196,8 +198,9 @@ _JAX_REFUSALS = (
 
 
 def _compare_jax(args) -> int:
-    """``harness compare --backend jax``: each device alone, the whole batch on the first, even and ratio towers,
-    on JAX devices (``harness.bench.jaxbench``); no stock rows, no tuned split (TensorFlow's: a note says so)."""
+    """``harness compare --backend jax``: each device alone, the whole batch on the first (harness' wrapper, then
+    plain Keras), Keras' own DataParallel on the even split (the stock rows, ``--no-stock`` leaves them out), even
+    and ratio towers, on JAX devices (``harness.bench.jaxbench``); no tuned split (TensorFlow's: a note says so)."""
     from harness.bench import jaxbench
     from harness.bench.runner import RunConfig
     from harness.bench.tuning.splits import split_batches
@@ -227,8 +230,7 @@ def _compare_jax(args) -> int:
     if setup.note:
         out.say(setup.note)
     left_out = []
-    if not args.no_stock:
-        left_out.append("the stock rows (Keras fit under TensorFlow's MirroredStrategy)")
+    stock = not args.no_stock
     if not args.no_tune:
         left_out.append("the tuned split (harness tune profiles devices on TensorFlow)")
     if list(args.methods) == list(PARALLEL_METHODS):
@@ -238,18 +240,20 @@ def _compare_jax(args) -> int:
         out.say("on --backend jax, left out: " + "; ".join(left_out))
     out.record["overlap"] = "off"
     rows = out.record.setdefault("rows", [])
-    total = n + 1 + 2 * (n > 1)
+    total = n + 1 + 2 * (n > 1) + stock * (1 + (n > 1))
 
-    def measure(label, config):
-        out.say(f"\n[{len(rows) + 1}/{total}] {label}: {config.method}, batches {list(config.batches)} on "
-                f"{', '.join(config.devices)}")
+    def measure(label, config, note=None):
+        what = {"keras": jaxbench.STOCK["several" if len(config.devices) > 1 else "one"]}.get(config.method,
+                                                                                                config.method)
+        out.say(f"\n[{len(rows) + 1}/{total}] {label}: {what}, batches {list(config.batches)} on "
+                f"{', '.join(config.devices)}" + (f" ({note})" if note else ""))
         try:
             result = jaxbench.execute(config, out, prefix="  ", compact=True)
         except Refused as err:  # a model this path cannot split (jax-batchnorm, ...): that row's result
             result = {"config": jaxbench.config_json(config), "status": "refused", "windows": [], "summary": None,
                       "input": None, "error": str(err)}
             out.say(f"  refused: {err}")
-        rows.append({"label": label, **result})
+        rows.append({"label": label, **result, **({"note": note} if note else {})})
         out.save()
         return result
 
@@ -257,9 +261,15 @@ def _compare_jax(args) -> int:
         solo = [measure(label, config) for label, config in singles]
         first = setup.devices[0]
         measure(f"{first} whole", RunConfig(args.model, size, "single", (first,), (batch,), **common))
+        if stock:  # plain Keras on the first device, the whole batch
+            measure(f"{first} keras", RunConfig(args.model, size, "keras", (first,), (batch,), **common))
         ratios, source = _ratio_split(args, solo)
         out.record["ratio_source"] = source
         if n > 1:
+            if stock:  # Keras' own DataParallel: even shards, the batch a multiple of the device count
+                shards, rounded = jaxbench.stock_batches(batch, n)
+                measure("even keras", RunConfig(args.model, size, "keras", tuple(setup.devices), shards, **common),
+                        rounded)
             for kind in ("even", "ratio"):
                 split = split_batches(kind, batch, n, ratios=ratios)
                 used = [i for i, b in enumerate(split) if b > 0]
@@ -573,6 +583,7 @@ def _status(row: dict) -> str:
     bound = host_bound(row)
     status = "ok" if not bound else "HOST-BOUND: " + ", ".join(_short(d["device"]) for d in bound)
     status += _modelled(row)
+    status += "".join(f"; {row[key]}" for key in ("stock", "note") if row.get(key))  # on JAX: what stock ran
     return status if "fidelity" not in row else f"{status}; stock Keras {fidelity_text(row['fidelity'])}"
 
 

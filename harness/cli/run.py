@@ -204,9 +204,6 @@ def run(args) -> int:
 _JAX_REFUSALS = (
     ("method", lambda v: v == "mirrored",
      "--method mirrored: TensorFlow's MirroredStrategy; on --backend jax harness splits with towers (the default)"),
-    ("method", lambda v: v == "keras",
-     "--method keras: the stock baseline is Keras fit under TensorFlow's MirroredStrategy; on --backend jax give "
-     "--method towers or single"),
     ("rebalance", lambda v: v is not None,
      "--rebalance: re-splitting while training is TensorFlow's (harness.Rebalance); on --backend jax give --ratios "
      "or --batches"),
@@ -228,14 +225,23 @@ def run_jax(args) -> int:
     _precheck(args, len(setup.devices))
     method = args.method or ("towers" if len(setup.devices) > 1 else "single")
     spec = dict(_spec_options(args), overlap=False)  # on JAX each slice is copied inside its step
-    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices,
-                       _batches(args, setup.devices), **spec)
+    batches, rounded = _batches(args, setup.devices), None
+    if method == "keras" and len(setup.devices) > 1:  # Keras' DataParallel: even shards
+        even, rounded = jaxbench.stock_batches(sum(batches), len(setup.devices))
+        if tuple(batches) != even and rounded is None:
+            rounded = f"batches {list(batches)} trained as {list(even)}: DataParallel shards evenly"
+        batches = even
+    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices, batches, **spec)
     out = Output(args, "run", {"run": jaxbench.config_json(config), "device_kind": setup.kind, "backend": "jax"},
                  environment=jaxbench.environment())
     out.record["backend"] = "jax"
     out.say(f"{config.model} ({config.size}), {config.method} on {len(config.devices)} JAX device(s) "
             f"{', '.join(config.devices)}, batch {config.batch} = {list(config.batches)}; {config.windows} windows "
             f"of {config.seconds:g} s")
+    if method == "keras":
+        out.say("the stock baseline: " + jaxbench.STOCK["several" if len(setup.devices) > 1 else "one"]
+                + (f"; {rounded}" if rounded else ""))
+        out.record["note"] = rounded
     if setup.note:
         out.say(setup.note)
     result = out.guard(lambda: jaxbench.execute(config, out))

@@ -82,22 +82,82 @@ def test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails(tmp_path):
     assert not _shares_add_up(only_record(tmp_path / "planted", "run"))
 
 
-@pytest.mark.extended  # 8 s
-@pytest.mark.covered_by("tests/onjax/test_bench_jax.py::test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails")
+# harness run --method keras twice in one JAX process: Keras' own DataParallel as it is, then planted: the stock row
+# quietly running plain Keras on one device (no distribution), which the record's weights_on must give away.
+_STOCK_AND_PLANTED = """
+import contextlib, io, json
+from harness.bench import jaxbench
+from harness.cli import main
+
+def run(results):
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        status = main([*ARGS, "--results-dir", results])
+    return status, said.getvalue()
+
+runs = [run(RESULTS[0])]
+
+@contextlib.contextmanager
+def plain_keras(config):
+    yield jaxbench.STOCK["several"]
+
+jaxbench._stock_scope = plain_keras
+runs.append(run(RESULTS[1]))
+print(json.dumps(runs))
+"""
+
+
+def _data_parallel(result: dict, devices: list[str]) -> bool:
+    """Whether a stock row ran Keras' DataParallel over ``devices``: the weights on every one of them, even shards."""
+    return (result["stock"] == "keras.distribution.DataParallel, even shards" and result["weights_on"] == devices
+            and len(set(result["config"]["batches"])) == 1)
+
+
+def test_the_stock_baseline_is_keras_dataparallel_in_even_shards_and_a_planted_plain_keras_fails(tmp_path):
+    results = [str(tmp_path / "run"), str(tmp_path / "planted")]
+    args = ["run", "--backend", "jax", "--logical-cpus", "3", "--method", "keras", "--batch", "100", *FAST]
+    done = run_jax(f"RESULTS = {results!r}\nARGS = {args!r}\n" + _STOCK_AND_PLANTED, timeout=180)
+    (status, said), (planted_status, _) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status == planted_status == 0, done.stderr[-4000:]
+    record = only_record(tmp_path / "run", "run")
+    assert record["status"] == "complete" and record["result"]["summary"]["samples_per_second"]["median"] > 0
+    assert record["result"]["config"]["batches"] == [33, 33, 33]  # 100 rounded down to a multiple of 3, said so
+    assert record["note"] == "batch 100 rounded to 99: DataParallel shards evenly, a multiple of the 3 devices"
+    assert "the stock baseline: keras.distribution.DataParallel" in said and "rounded to 99" in said
+    assert _data_parallel(record["result"], ["cpu:0", "cpu:1", "cpu:2"]), record["result"]
+    planted = only_record(tmp_path / "planted", "run")["result"]
+    assert not _data_parallel(planted, ["cpu:0", "cpu:1", "cpu:2"]) and planted["weights_on"] == ["cpu:0"]
+
+
+@pytest.mark.extended  # 12 s
+@pytest.mark.covered_by(
+    "tests/onjax/test_bench_jax.py::test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails",
+    "tests/onjax/test_bench_jax.py::"
+    "test_the_stock_baseline_is_keras_dataparallel_in_even_shards_and_a_planted_plain_keras_fails")
 def test_compare_writes_rows_json_and_chart(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib: harness' [bench] extra draws the chart")
-    done = harness("compare", "--backend", "jax", "--logical-cpus", "2", "--batch", "64", "--ratios", "3", "1",
-                   *FAST, "--results-dir", str(tmp_path), devices=2)
+    done = harness("compare", "--backend", "jax", "--logical-cpus", "3", "--batch", "100", "--ratios", "5", "3", "2",
+                   *FAST, "--results-dir", str(tmp_path), devices=3)
     assert done.returncode == 0, done.stderr[-4000:]
     record = only_record(tmp_path, "compare")
     assert record["status"] == "complete" and record["backend"] == "jax"
-    labels = [row["label"] for row in record["rows"]]
-    assert labels == ["cpu:0 alone", "cpu:1 alone", "cpu:0 whole", "even towers", "ratio towers"]
+    rows = {row["label"]: row for row in record["rows"]}
+    assert list(rows) == ["cpu:0 alone", "cpu:1 alone", "cpu:2 alone", "cpu:0 whole", "cpu:0 keras", "even keras",
+                          "even towers", "ratio towers"]
     assert all(row["status"] == "complete" and row["summary"]["samples_per_second"]["median"] > 0
                for row in record["rows"])
-    assert record["rows"][-1]["config"]["batches"] == [48, 16]
-    assert any("stock rows" in entry for entry in record["left_out"])
-    assert "left out" in done.stdout and "ratio towers" in done.stdout
+    assert rows["ratio towers"]["config"]["batches"] == [50, 30, 20]
+    assert rows["even towers"]["config"]["batches"] == [34, 33, 33]
+    assert _data_parallel(rows["even keras"], ["cpu:0", "cpu:1", "cpu:2"]) and "rounded to 99" in rows["even keras"][
+        "note"]
+    assert rows["cpu:0 keras"]["stock"] == "plain Keras on the device" and rows["cpu:0 keras"]["weights_on"] == [
+        "cpu:0"]
+    # harness over stock, each pair measured in this run and charged alike (no link modelled on JAX devices)
+    pairs = {(e["row"], e["baseline"]): e for e in record["versus_stock"]}
+    assert set(pairs) == {("cpu:0 whole", "cpu:0 keras"), ("even towers", "even keras"), ("even towers", "cpu:0 keras")}
+    assert all(e["ratio"] > 0 and not e["modelled"] for e in pairs.values())
+    assert "even towers / even keras: " in done.stdout and "DataParallel" in done.stdout
+    assert "stock rows" not in " ".join(record.get("left_out", []))
     assert list(tmp_path.glob("compare-*.png")), done.stdout
 
 
