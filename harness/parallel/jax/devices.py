@@ -9,7 +9,7 @@ import jax
 
 from harness.errors import InvalidType, InvalidValue
 
-__all__ = ["device_name", "resolve_jax_devices"]
+__all__ = ["device_name", "resolve_jax_devices", "put"]
 
 _NAME = re.compile(r"^/?(?:device:)?(cpu|gpu|cuda|rocm|tpu):(\d+)$", re.IGNORECASE)
 
@@ -59,3 +59,26 @@ def resolve_jax_devices(devices) -> list:
     if len(set(out)) != len(out):
         raise InvalidValue(f"devices must be distinct; got {[device_name(d) for d in out]}")
     return out
+
+
+_SHARDINGS: dict = {}
+
+
+def put(value, device):
+    """``jax.device_put(value, device)`` for the leaves that are not there already: an array committed to ``device``
+    alone is kept as it is (the same values), the others are sent in one call. A step's state, gradients and
+    cotangents are mostly where they are needed; ``jax.device_put`` of such a leaf still costs ~17 us of Python
+    (10 weights of a 256-wide MLP: 169 us a call where the check takes 6 us, JAX 0.10 on a 2-core host), which
+    was a quarter of a towers step on 3 CPU devices."""
+    sharding = _SHARDINGS.get(device)
+    if sharding is None:
+        sharding = _SHARDINGS[device] = jax.sharding.SingleDeviceSharding(device)
+    leaves, treedef = jax.tree_util.tree_flatten(value)
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a trace (a jitted predict): no placement
+        return jax.device_put(value, device)
+    moving = [i for i, leaf in enumerate(leaves)
+              if not (isinstance(leaf, jax.Array) and leaf.committed and leaf.sharding == sharding)]
+    if moving:
+        for i, leaf in zip(moving, jax.device_put([leaves[i] for i in moving], device)):
+            leaves[i] = leaf
+    return jax.tree_util.tree_unflatten(treedef, leaves)

@@ -25,7 +25,7 @@ from harness.parallel.adapters.jaxtrainer import (
     update_metrics,
     whole_batch_moments,
 )
-from harness.parallel.jax.devices import device_name
+from harness.parallel.jax.devices import device_name, put
 from harness.parallel.jax.seeds import device_seed
 from harness.parallel.jax.segments import DeviceRun, Plan, run_backward, run_forward
 from harness.parallel.jax.statistics import local_moments
@@ -90,7 +90,7 @@ class JaxTowers(keras.Model):
         self._assigned: dict[bool, tuple[int, ...]] = {}
         self._plans: dict = {}
         self._merged = jax.jit(self._merged_loss, static_argnames=("training",))
-        self._merged_grads = jax.jit(jax.value_and_grad(self._merged_loss, argnums=(0, 1, 2), has_aux=True))
+        self._merged_grads = jax.jit(self._merged_loss_grads_metrics)
         self._metric_update = jax.jit(self._update_metrics)
         self._gradient = jax.jit(_summed_terms, static_argnames=("like",))
         self._apply = None
@@ -238,13 +238,13 @@ class JaxTowers(keras.Model):
         the weights and its index beside it, and its traced pass."""
         runs = []
         for index, device, start, stop in self._slices(x):
-            args = jax.device_put((trainable, non_trainable, tree.map_structure(lambda a, s=start, e=stop: a[s:e], x),
-                                   np.int32(index)), device)
+            args = put((trainable, non_trainable, tree.map_structure(lambda a, s=start, e=stop: a[s:e], x),
+                        np.int32(index)), device)
             runs.append(DeviceRun(self._plan(training, args), device, jax.tree_util.tree_leaves(args), index))
         return runs
 
     def _on_merge(self, value):
-        return jax.device_put(value, self._merge_ref.value)
+        return put(value, self._merge_ref.value)
 
     def _gathered(self, runs: list[DeviceRun], passes: list):
         """The devices' sizes as shares of the batch (weakly typed: each loss's own precision), outputs, losses and
@@ -265,6 +265,19 @@ class JaxTowers(keras.Model):
     def _update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight, masks):
         _attach(y_pred, masks)
         return update_metrics(self, metrics_variables, unscaled, x, y, y_pred, sample_weight)
+
+    def _merged_loss_grads_metrics(self, trainable, outputs, losses, shares, non_trainable, metrics_variables,
+                                   optimizer_variables, x, y, sample_weight, masks):
+        """One program on the merge device: the scaled loss of the whole batch, its gradients with respect to the
+        weights (the regularisers'), the devices' outputs and losses, and the metrics updated with it:
+        ``((weights' gradient, outputs' cotangents, losses' cotangents), logs, metrics variables)``."""
+        (_, (unscaled, y_pred, metrics_variables, merged_masks)), cts = jax.value_and_grad(
+            self._merged_loss, argnums=(0, 1, 2), has_aux=True)(
+            trainable, outputs, losses, shares, non_trainable, metrics_variables, optimizer_variables, x, y,
+            sample_weight, masks)
+        logs, metrics_variables = self._update_metrics(metrics_variables, unscaled, x, y, y_pred, sample_weight,
+                                                       merged_masks)
+        return cts, logs, metrics_variables
 
     def _merged_loss(self, trainable, outputs, losses, shares, non_trainable, metrics_variables, optimizer_variables,
                      x, y, sample_weight, masks, training: bool = True):
@@ -308,24 +321,29 @@ class JaxTowers(keras.Model):
         shares, outputs, losses, masks = self._gathered(runs, passes)
         merged_x = self._merged_x(x)
 
-        (loss, (unscaled, y_pred, metrics_variables, merged_masks)), (own_grads, output_cts, loss_cts) = \
-            self._merged_grads(trainable, outputs, losses, shares, non_trainable, metrics_variables,
-                               optimizer_variables, merged_x, y, sample_weight, masks)
+        (own_grads, output_cts, loss_cts), logs, metrics_variables = self._merged_grads(
+            trainable, outputs, losses, shares, non_trainable, metrics_variables, optimizer_variables, merged_x, y,
+            sample_weight, masks)
         final_cts = []
         for run, out_ct, loss_ct in zip(runs, output_cts, loss_cts):
-            cts = jax.device_put(jax.tree_util.tree_leaves((out_ct, loss_ct)), run.device)
+            cts = put(jax.tree_util.tree_leaves((out_ct, loss_ct)), run.device)
             final_cts.append(cts + [None] * (run.plan.out_tree.num_leaves - len(cts)))
         run_backward(runs, self._merge_ref.value, combined, final_cts)
         like = tuple((tuple(t.shape), str(t.dtype)) for t in trainable)
-        grads = [self._on_merge(self._gradient([run.weight_cts.get(i) for i in range(len(trainable))], like=like))
-                 for run in runs]
+        grads = [self._on_merge(self._device_gradient(run, like)) for run in runs]
         new_non_trainable = self._on_merge(passes[0][2])  # seeds, moving statistics: alike on every device
         if self._apply is None:
             self._apply = jax.jit(_summed_apply(self.optimizer))
         trainable, optimizer_variables = self._apply(optimizer_variables, grads, own_grads, trainable)
-        logs, metrics_variables = self._metric_update(metrics_variables, unscaled, merged_x, y, y_pred, sample_weight,
-                                                      merged_masks)
         return logs, (trainable, new_non_trainable, optimizer_variables, metrics_variables)
+
+    def _device_gradient(self, run: DeviceRun, like: tuple) -> list:
+        """One device's gradient: per weight the sum of its segments' parts (``_summed_terms``), with no program
+        where every weight got exactly one part (a model of one segment: the sum is that part)."""
+        terms = [run.weight_cts.get(i) for i in range(len(like))]
+        if all(parts is not None and len(parts) == 1 for parts in terms):
+            return [parts[0] for parts in terms]
+        return self._gradient(terms, like=like)
 
     def test_step(self, state, data):
         from keras.utils import unpack_x_y_sample_weight
