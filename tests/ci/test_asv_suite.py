@@ -131,3 +131,18 @@ def test_one_combination_of_every_benchmark_runs(config, tmp_path, emulation):
                         "convergence.Convergence.track_final_accuracy": 1}, out[-6000:]
     assert "asv: skipped: NotImplementedError(\"method 'single' runs on one device" in out
     assert "harness benchmark skipped" not in out, out[-6000:]
+
+
+@pytest.mark.extended  # ~1 min: five fresh JAX processes, one a configuration
+def test_the_jax_suite_times_every_configuration_beside_keras_dataparallel(config, tmp_path):
+    """benchmarks/onjax.py on 3 JAX CPU devices, each configuration in its own process (asv's spawn): harness'
+    towers beside Keras' own DataParallel and plain Keras, every one measured."""
+    pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    done = _asv(["run", "--python=same", "--quick", "--show-stderr", "--machine", "harness-test", "--config",
+                 str(config), "--set-commit-hash", commit.stdout.strip(), "--bench", r"^onjax\."], tmp_path, TIMEOUT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    (values,) = _saved_results(tmp_path / "results").values()
+    assert len(values) == 5 and all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in values), (
+        values, out[-6000:])
