@@ -27,9 +27,9 @@ def only_record(directory: Path, kind: str) -> dict:
     return json.loads(path.read_text())
 
 
-# harness run twice in one JAX process (one import of JAX and Keras): as it is, then with a planted defect of the
-# per-device figures, each device's share counted from the whole batch instead of its own rows.
-_RUN_AND_PLANTED = """
+# The head of a script that runs harness twice in one JAX process (one import of JAX and Keras): ``run(results)``
+# runs ARGS once, as it is, into RESULTS[0]; the script then plants a defect and runs them again into RESULTS[1].
+_TWO_RUNS = """
 import contextlib, io, json
 from harness.bench import jaxbench
 from harness.cli import main
@@ -41,6 +41,11 @@ def run(results):
     return status, said.getvalue()
 
 runs = [run(RESULTS[0])]
+"""
+
+# harness run, then with a planted defect of the per-device figures: each device's share counted from the whole batch
+# instead of its own rows.
+_RUN_AND_PLANTED = _TWO_RUNS + """
 shares = jaxbench._window_record
 
 def whole_batch_shares(window, config):
@@ -82,21 +87,9 @@ def test_run_on_three_cpu_devices_by_ratios_and_a_planted_share_fails(tmp_path):
     assert not _shares_add_up(only_record(tmp_path / "planted", "run"))
 
 
-# harness run --method keras twice in one JAX process: Keras' own DataParallel as it is, then planted: the stock row
-# quietly running plain Keras on one device (no distribution), which the record's weights_on must give away.
-_STOCK_AND_PLANTED = """
-import contextlib, io, json
-from harness.bench import jaxbench
-from harness.cli import main
-
-def run(results):
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said):
-        status = main([*ARGS, "--results-dir", results])
-    return status, said.getvalue()
-
-runs = [run(RESULTS[0])]
-
+# harness run --method keras: Keras' own DataParallel as it is, then planted: the stock row quietly running plain
+# Keras on one device (no distribution), which the record's weights_on must give away.
+_STOCK_AND_PLANTED = _TWO_RUNS + """
 @contextlib.contextmanager
 def plain_keras(config):
     yield jaxbench.STOCK["several"]
