@@ -162,7 +162,7 @@ class TimingPlugin:
 
         wall = time.monotonic() - self.started
         label = {"quick": "quick loop"}.get(step, f"step {step!r}")
-        path = config.getoption("--time-budget-file", None) or str(Path(config.rootpath) / ".ci" / "test-budget.toml")
+        path = _budget_path(config)
         try:
             budgets = testtime.read_budgets(path)
             budgets = dataclasses.replace(budgets, path=os.path.relpath(path, config.rootpath))
@@ -182,7 +182,6 @@ class TimingPlugin:
             line += f" - this run used {workers} worker(s), the step {budgets.probe_workers}"
         terminalreporter.write_line(f"harness: {line}")
 
-
     def _probe(self, config, workers: int | None = None) -> tuple[float | None, str]:
         """This host's probe, taken as the budget file's was (its worker count) so that the two compare (~1 s at 2
         workers), and why there is none."""
@@ -190,16 +189,18 @@ class TimingPlugin:
         from harness.errors import InvalidValue
 
         if workers is None:
-            path = config.getoption("--time-budget-file", None) or str(
-                Path(config.rootpath) / ".ci" / "test-budget.toml")
             try:
-                workers = testtime.read_budgets(path).probe_workers
+                workers = testtime.read_budgets(_budget_path(config)).probe_workers
             except InvalidValue:
                 return None, ""  # the end of the run says why the budget cannot be read
         try:
             return testtime.probe_host(3, workers=workers), ""
         except (RuntimeError, OSError) as err:  # the line still comes, unscaled, saying why
             return None, f" - this host's probe failed: {err}"
+
+
+def _budget_path(config) -> str:
+    return config.getoption("--time-budget-file", None) or str(Path(config.rootpath) / ".ci" / "test-budget.toml")
 
 
 def _is_subset(config) -> bool:

@@ -341,9 +341,8 @@ class JaxTowers(keras.Model):
         """One device's gradient: per weight the sum of its segments' parts (``_summed_terms``), with no program
         where every weight got exactly one part (a model of one segment: the sum is that part)."""
         terms = [run.weight_cts.get(i) for i in range(len(like))]
-        if all(parts is not None and len(parts) == 1 for parts in terms):
-            return [parts[0] for parts in terms]
-        return self._gradient(terms, like=like)
+        single = [parts[0] for parts in terms if parts is not None and len(parts) == 1]
+        return single if len(single) == len(terms) else self._gradient(terms, like=like)
 
     def test_step(self, state, data):
         from keras.utils import unpack_x_y_sample_weight
