@@ -108,9 +108,8 @@ REFUSALS = {
     "jax-stateful-layer": "a layer that updates state other than a seed generator's or BatchNormalization's moving "
                           "statistics in training, on JAX devices",
     "jax-jit-compile": "jit_compile=True on JAX, which would make the whole step one program on one device",
-    "jax-emulate": "emulated devices on JAX (they are TensorFlow's)",
+    "jax-emulated-link": "an emulated device's link on JAX (links are modelled on TensorFlow's methods)",
     "jax-cluster": "several workers on JAX (harness across workers runs TensorFlow's collectives)",
-    "jax-auto-ratios": "ratios='auto' on JAX (harness.Rebalance is TensorFlow's)",
     "jax-workload": "a workload whose data goes through tf.data, run on --backend jax",
 }
 

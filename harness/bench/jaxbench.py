@@ -18,9 +18,17 @@ own ``keras.distribution.DataParallel`` (the batch in even shards, one SPMD prog
 on it (``jax.default_device``). DataParallel shards the batch evenly, so its batch is a multiple of the device count
 (``stock_batches`` rounds it down and says so).
 
+Emulated devices (``config.emulate``, ``harness.emulate``: a rate, a MAXBATCH, an overhead a step; no link) slow each
+device's part of a harness step down to its rate from the host (``HostEmulator.wait_steps``: the step waits for each
+device's gradient, then until the last device's emulated end). The stock rows are charged alike by a callback: each
+shard of DataParallel's step (or the one device's batch) at its device's rate, from the step's start to the last
+shard's end; the optimizer's update, which harness' rows run after their wait, is inside that time for Keras', so a
+stock row is charged no more than harness' for the same work. Per-device figures of emulated devices are their logged
+busy time (source ``emulated``), with the host-bound check of TensorFlow's emulation.
+
 What needs TensorFlow is refused by name (``harness.errors.Refused``, reason ``jax-workload``): a user's model with
-real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Emulated devices, multi-worker runs,
-rebalancing and the tuner are TensorFlow's; the CLI refuses or leaves them out.
+real data (``--data``, ``Workload.data``: a ``tf.data`` pipeline). Multi-worker runs are TensorFlow's; the CLI
+refuses them.
 
 Nothing here imports TensorFlow, at import or when run (tests/onjax/test_bench_jax.py runs it with TensorFlow's import
 blocked); JAX and Keras are imported when a run starts, after ``select_backend`` and the devices.
@@ -39,8 +47,8 @@ from typing import Any
 
 from harness.errors import InvalidValue, Refused, Unavailable
 
-__all__ = ["SOURCE", "STOCK", "JaxDevices", "select_backend", "setup_devices", "check_workload", "stock_batches",
-           "run_one", "execute", "environment", "config_json"]
+__all__ = ["SOURCE", "STOCK", "JaxDevices", "select_backend", "gpus_possible", "setup_devices", "check_workload",
+           "stock_batches", "run_one", "execute", "environment", "config_json", "out_of_memory_line"]
 
 #: how a JAX run's per-device figures are made (``harness.bench.runner.SOURCES`` says how, for the console's legend)
 SOURCE = "jax share"
@@ -94,7 +102,7 @@ def select_backend() -> None:
     os.environ["KERAS_BACKEND"] = "jax"
 
 
-def _gpus_possible() -> bool:
+def gpus_possible() -> bool:
     """Whether JAX may find GPUs here, judged before it starts (the driver's GPUs, ``JAX_PLATFORMS``)."""
     from harness.devices import gpu_count
 
@@ -131,9 +139,9 @@ def setup_devices(*, logical_cpus: int | None = None, devices: Sequence[str] | N
             raise InvalidValue(f"--logical-cpus must be >= 1; got {logical_cpus!r}")
         return JaxDevices(_names(use_jax_cpu_devices(logical_cpus)), "logical CPU", cpu_note)
     cpu_ids = [_cpu_index(d) for d in devices or ()]
-    gpus_possible = _gpus_possible()
+    gpus_here = gpus_possible()
     named_cpus = all(i is not None and not d.strip().isdigit() for d, i in zip(devices or (), cpu_ids))
-    if devices and (named_cpus or not gpus_possible):  # ids name CPU devices where JAX has no GPU
+    if devices and (named_cpus or not gpus_here):  # ids name CPU devices where JAX has no GPU
         bad = next((d for d, i in zip(devices, cpu_ids) if i is None), None)
         if bad is not None:
             raise InvalidValue(f"--devices {bad}: no GPU for JAX here (JAX_PLATFORMS="
@@ -143,12 +151,11 @@ def setup_devices(*, logical_cpus: int | None = None, devices: Sequence[str] | N
         if len(set(ids)) != len(ids):
             raise InvalidValue(f"--devices must be distinct; got {' '.join(devices)}")
         cpus = use_jax_cpu_devices(max(ids) + 1)
-        note = cpu_note if gpus_possible else "no GPU here: device ids name JAX CPU devices; " + cpu_note
+        note = cpu_note if gpus_here else "no GPU here: device ids name JAX CPU devices; " + cpu_note
         return JaxDevices(_names([cpus[i] for i in ids]), "logical CPU", note)
-    if not devices and not _gpus_possible():
-        raise InvalidValue("--backend jax without a GPU: give --logical-cpus N (N JAX CPU devices of this host) or "
-                           "--devices with CPU device ids; emulated devices (the default without GPUs) are "
-                           "TensorFlow's")
+    if not devices and not gpus_possible():
+        raise InvalidValue("--backend jax without a GPU: give --logical-cpus N (N JAX CPU devices of this host), "
+                           "--devices with CPU device ids, or --emulate (emulated devices)")
     import jax
 
     from harness.parallel.jax import resolve_jax_devices
@@ -238,15 +245,25 @@ def _batches(workload, config) -> tuple[Iterator[tuple[Any, Any]], Callable[[], 
     return generate(), generate
 
 
-def _window_record(window, config) -> dict:
+def _window_record(window, config, emulator=None, batches=None) -> dict:
+    if emulator is not None:  # TensorFlow's record of emulated devices; a device not emulated is a share here too
+        from harness.bench.runner import window_record
+
+        record = window_record(window, config, emulator, None, batches)
+        for row in record["devices"]:
+            if row["source"] == "share":
+                row["source"] = SOURCE
+        return record
     devices = [{"device": device, "batch": batch, "samples_per_second": batch * window.steps / window.seconds,
                 "source": SOURCE} for device, batch in zip(config.devices, config.batches)]
     return {"index": window.index, "seconds": window.seconds, "steps": window.steps, "samples": window.samples,
             "samples_per_second": window.samples_per_second, "devices": devices, "host_bound": []}
 
 
-def _out_of_memory(err: BaseException) -> str | None:
-    """The line of an XLA out-of-memory error, else None."""
+def out_of_memory_line(err: BaseException) -> str | None:
+    """The line of an XLA out-of-memory error (or an emulated device's, ``MemoryError``), else None."""
+    if isinstance(err, MemoryError):
+        return str(err)[:300]
     text = str(err)
     if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
         return None
@@ -299,10 +316,14 @@ def run_one(config, *, on_window: Callable[[dict], None] | None = None,
         if stock is not None:
             result["stock"] = stock
         template = workload.build(config.size, seed=config.seed)
-        model = template if stock is not None else parallelize(template, list(config.devices),
-                                                               ratios=list(config.batches), method="towers")
+        if stock is not None:
+            model, emulator = template, _stock_emulator(config)
+        else:
+            model = parallelize(template, list(config.devices), ratios=list(config.batches), method="towers",
+                                emulate=config.emulate)
+            emulator = model.emulator
         model.compile(**workload.compile_args(template))
-        _fit(model, batches, config, result, on_window, on_step)
+        _fit(model, batches, config, result, on_window, on_step, emulator, stock is not None)
         if stock is not None:  # where Keras put the weights: every device of DataParallel's mesh, or the one
             value = model.trainable_weights[0].value
             result["weights_on"] = sorted(device_name(d) for d in value.devices())
@@ -347,26 +368,80 @@ def _stock_scope(config) -> Iterator[str | None]:
         yield STOCK["several"]
 
 
-def _fit(model, batches, config, result: dict, on_window, on_step) -> None:
+def _stock_emulator(config):
+    """The ``HostEmulator`` of a stock row's emulated devices (None: not emulated); the devices' names as the config's."""
+    if config.emulate is None:
+        return None
+    from harness.emulation import emulator_for
+
+    return emulator_for(config.emulate, list(config.devices))
+
+
+def _charged_alike(emulator, config, keras):
+    """A callback that charges a stock step as harness' rows are charged: each device's shard (``config.batches``)
+    at its emulated rate from the step's start (``HostEmulator.wait_steps``), once the step's logs are ready; an
+    emulated MAXBATCH a shard exceeds raises ``MemoryError`` before the step."""
+    import jax
+
+    for device, rows in zip(config.devices, config.batches):
+        emulator.check_fits(device, rows)
+
+    class _Charged(keras.callbacks.Callback):
+        started = 0.0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.started = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            emulator.wait_steps(self.started, [(device, rows, lambda: jax.block_until_ready(logs))
+                                               for device, rows in zip(config.devices, config.batches)])
+
+    return _Charged()
+
+
+def _fit(model, batches, config, result: dict, on_window, on_step, emulator=None, stock: bool = False) -> None:
     """Trains ``model`` on ``batches`` for ``config``'s windows, each finished window into ``result``; an XLA out of
-    memory ends it as ``"oom"`` with its line, anything else is raised."""
+    memory (or an emulated one) ends it as ``"oom"`` with its line, anything else is raised. With ``emulator`` the
+    warm-up steps skip their emulated waits (``harness.bench.runner.untimed_steps``), and a ``stock`` model's steps
+    are charged by ``_charged_alike``."""
+    import keras
+
     from harness.bench.measure import window_callback
+    from harness.bench.runner import current_batches, extra_callbacks, untimed_steps
+
+    extra = extra_callbacks(config, model, keras)  # --throttle, --rebalance (TensorFlow's runner's, alike)
+    history = extra[-1].history if config.rebalance_every is not None else None
+    if history is not None:
+        result["rebalance"] = history
 
     def finished(window):
-        result["windows"].append(_window_record(window, config))
+        record = _window_record(window, config, emulator, current_batches(config, model))
+        if history is not None:
+            seen = sum(len(w["resplits"]) for w in result["windows"])
+            record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
+        result["windows"].append(record)
         if on_window is not None:
             on_window(result["windows"][-1])
 
     callback = window_callback(batch_size=config.batch, seconds=config.seconds, windows=config.windows,
                                warmup_steps=config.warmup_steps, on_window=finished, on_step=on_step)
+    callbacks = [*extra, callback]
     try:
-        model.fit(batches, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[callback], shuffle=False)
+        if emulator is not None:  # before the window's callback: a step's wait ends before its stamp
+            if history is None:  # a rebalancer reads every step's
+                callbacks[:0] = [untimed_steps(emulator, config.warmup_steps, keras)]
+            if stock:
+                callbacks[:0] = [_charged_alike(emulator, config, keras)]
+        model.fit(batches, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=callbacks, shuffle=False)
     except Exception as err:
-        line = _out_of_memory(err)
+        line = out_of_memory_line(err)
         if line is None:
             raise
         result.update(status="oom", error=line)
         return
+    finally:
+        if emulator is not None:
+            emulator.waiting = True
     result["status"] = "complete"
 
 

@@ -171,13 +171,13 @@ def train_windows(
         dataset = dataset.with_options(input_options)
     result: dict[str, Any] = {"config": config.to_json(), "status": "running", "windows": [], "summary": None,
                               "input": None, "error": None}
-    extra = _extra_callbacks(config, model, k)
+    extra = extra_callbacks(config, model, k)
     history = extra[-1].history if config.rebalance_every is not None else None
     if history is not None:
         result["rebalance"] = history
 
     def finished(window):
-        record = _window_record(window, config, emulator, telemetry, _current_batches(config, model), measured)
+        record = window_record(window, config, emulator, telemetry, current_batches(config, model), measured)
         if history is not None:
             seen = sum(len(w["resplits"]) for w in result["windows"])
             record.update(ratios=list(model.ratios), resplits=[e for e in history if e["resplit"]][seen:])
@@ -191,7 +191,7 @@ def train_windows(
     # The warm-up steps skip their emulated waits (Emulator.steps_to_skip): nothing times them. A rebalancer reads
     # every step's.
     skip = 0 if emulator is None or history is not None else emulator.steps_to_skip(config.warmup_steps)
-    untimed = [_untimed_steps(emulator, skip, k)] if skip else []
+    untimed = [untimed_steps(emulator, skip, k)] if skip else []
     try:
         with _placement(config):
             model.fit(dataset, epochs=1, steps_per_epoch=10**9, verbose=0, callbacks=[*untimed, *extra, callback],
@@ -281,7 +281,7 @@ def _stock_model(config: RunConfig, workload, strategy=None, keras_module=None):
                        strategy=strategy)
 
 
-def _extra_callbacks(config: RunConfig, model, keras_module) -> list:
+def extra_callbacks(config: RunConfig, model, keras_module) -> list:
     """The throttle and rebalance callbacks a config asks for (the rebalancer last), of the model's Keras."""
     callbacks = []
     if config.throttle:
@@ -293,7 +293,7 @@ def _extra_callbacks(config: RunConfig, model, keras_module) -> list:
     return callbacks
 
 
-def _untimed_steps(emulator, steps: int, keras):
+def untimed_steps(emulator, steps: int, keras):
     """A callback of ``keras`` for which ``emulator``'s first ``steps`` steps skip their waits
     (``harness.emulate.Emulator.waiting``): it waits again from the step after them."""
     emulator.waiting = False
@@ -330,7 +330,7 @@ def _throttle_callback(config: RunConfig, model, keras):
     return _Throttle()
 
 
-def _current_batches(config: RunConfig, model) -> tuple[int, ...]:
+def current_batches(config: RunConfig, model) -> tuple[int, ...]:
     """The per-device batches now: the configured ones, or the rebalancer's latest split."""
     if config.rebalance_every is None:
         return config.batches
@@ -353,7 +353,7 @@ def gpu_index(device: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None,
+def window_record(window, config: RunConfig, emulator, telemetry, batches: Sequence[int] | None = None,
                    measured: Sequence[str] | None = None) -> dict:
     """One window's figures; ``batches``: the devices' batches at its end (default: the config's); ``measured``:
     the devices it lists (default: all).

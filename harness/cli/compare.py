@@ -28,13 +28,16 @@ Examples:
     harness compare --model gru_stack --emulate 1000,500,250 --batch 700
     harness compare --workers 2 --emulate 2000,1000 --batch 300
     harness compare --backend jax --logical-cpus 3 --batch 300   # Keras 3 on 3 JAX CPU devices
+    harness compare --backend jax                     # seed 000 on Keras 3's JAX backend, emulated
 
-``--backend jax`` runs Keras 3 on JAX devices (``--logical-cpus N`` JAX CPU devices, or ``--gpus``), no
-TensorFlow in the process: each device alone, the whole batch on the first (harness' wrapper, then plain Keras),
-Keras' own ``keras.distribution.DataParallel`` on the even split (the stock rows: even shards, the batch rounded
-down to a multiple of the device count where it does not divide, the row saying so), the even and the ratio split
-with towers. The tuned split is TensorFlow's and is left out (a note says so); ``--emulate``, ``--workers``,
-``--methods mirrored`` and ``--overlap`` are refused.
+``--backend jax`` runs Keras 3 on JAX devices (emulated ones: ``--emulate``, by default without GPUs seed 000's
+pair on two JAX CPU devices; ``--logical-cpus N`` JAX CPU devices; or ``--gpus``), no TensorFlow in the process:
+each device alone, the whole batch on the first (harness' wrapper, then plain Keras), Keras' own
+``keras.distribution.DataParallel`` on the even split (the stock rows: even shards, the batch rounded down to a
+multiple of the device count where it does not divide, the row saying so; on emulated devices each shard charged at
+its device's rate, as harness' rows are: ``harness.bench.jaxbench``), the even and the ratio split with towers. The
+tuned split is TensorFlow's and is left out (a note says so); ``--workers``, ``--methods mirrored``, ``--overlap``
+and an emulated link are refused.
 """
 
 from __future__ import annotations
@@ -219,10 +222,17 @@ def _compare_jax(args) -> int:
     common = dict(seconds=args.seconds, windows=args.windows, warmup_steps=args.warmup_steps,
                   input_delay_ms=args.input_delay_ms, seed=args.seed, data=args.data, overlap=False)
     share = max(1, batch // n)
-    singles = [(f"{device} alone", RunConfig(args.model, size, "single", (device,), (share,), **common))
-               for device in setup.devices]
+    specs = setup.emulate
+
+    def emulated(indices) -> tuple | None:  # the emulated devices of a row's devices (None: not emulated)
+        return None if specs is None else tuple(specs[i] for i in indices)
+
+    singles = [(f"{device} alone", RunConfig(args.model, size, "single", (device,), (share,), emulate=emulated([i]),
+                                             **common))
+               for i, device in enumerate(setup.devices)]
     out = Output(args, "compare", {"model": args.model, "size": size, "devices": list(setup.devices), "batch": batch,
-                                   "device_kind": setup.kind, "emulate": None, "backend": "jax"},
+                                   "device_kind": setup.kind, "backend": "jax",
+                                   "emulate": None if specs is None else [e.to_json() for e in specs]},
                  environment=jaxbench.environment())
     out.record["backend"] = "jax"
     out.say(f"{args.model} ({size}) on {n} JAX {setup.kind} device(s), global batch {batch}; {args.windows} "
@@ -260,22 +270,24 @@ def _compare_jax(args) -> int:
     def work():
         solo = [measure(label, config) for label, config in singles]
         first = setup.devices[0]
-        measure(f"{first} whole", RunConfig(args.model, size, "single", (first,), (batch,), **common))
+        measure(f"{first} whole", RunConfig(args.model, size, "single", (first,), (batch,), emulate=emulated([0]),
+                                            **common))
         if stock:  # plain Keras on the first device, the whole batch
-            measure(f"{first} keras", RunConfig(args.model, size, "keras", (first,), (batch,), **common))
+            measure(f"{first} keras", RunConfig(args.model, size, "keras", (first,), (batch,), emulate=emulated([0]),
+                                                **common))
         ratios, source = _ratio_split(args, solo)
         out.record["ratio_source"] = source
         if n > 1:
             if stock:  # Keras' own DataParallel: even shards, the batch a multiple of the device count
                 shards, rounded = jaxbench.stock_batches(batch, n)
-                measure("even keras", RunConfig(args.model, size, "keras", tuple(setup.devices), shards, **common),
-                        rounded)
+                measure("even keras", RunConfig(args.model, size, "keras", tuple(setup.devices), shards,
+                                                emulate=emulated(range(n)), **common), rounded)
             for kind in ("even", "ratio"):
                 split = split_batches(kind, batch, n, ratios=ratios)
                 used = [i for i, b in enumerate(split) if b > 0]
                 measure(f"{kind} towers", RunConfig(args.model, size, "towers" if len(used) > 1 else "single",
                                                     tuple(setup.devices[i] for i in used),
-                                                    tuple(split[i] for i in used), **common))
+                                                    tuple(split[i] for i in used), emulate=emulated(used), **common))
 
     out.guard(work)
     return _report(args, out, rows, setup)

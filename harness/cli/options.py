@@ -81,11 +81,11 @@ def add_common(p, *, seconds: float, windows: int) -> None:
 
 
 def add_backend(p) -> None:
-    """Adds ``--backend {tensorflow,jax}`` (``harness run`` and ``harness compare``)."""
+    """Adds ``--backend {tensorflow,jax}`` (``harness run``, ``harness compare`` and ``harness tune``)."""
     p.add_argument("--backend", choices=BACKENDS, default="tensorflow",
-                   help="tensorflow (default), or jax: Keras 3 on JAX devices (harness.bench.jaxbench; "
-                        "--logical-cpus N JAX CPU devices, or --gpus); emulated devices, --workers, mirrored, "
-                        "the stock baseline, --rebalance and the tuner are TensorFlow's")
+                   help="tensorflow (default), or jax: Keras 3 on JAX devices (harness.bench.jaxbench; emulated "
+                        "devices, by default without GPUs; --logical-cpus N JAX CPU devices; or --gpus); --workers, "
+                        "mirrored and emulated links are TensorFlow's")
 
 
 def refuse_on_jax(args, refusals) -> None:
@@ -98,8 +98,6 @@ def refuse_on_jax(args, refusals) -> None:
 
 #: the options ``harness run`` and ``harness compare`` refuse with ``--backend jax``: (attribute, set?, why)
 JAX_REFUSALS = (
-    ("emulate", lambda v: v is not None,
-     "--emulate: emulated devices are TensorFlow's; on --backend jax devices run at their own speed"),
     ("workers", lambda v: v is not None,
      "--workers: harness across workers joins TensorFlow's collectives (harness.use_cluster); --backend jax runs "
      "in one process"),
@@ -111,10 +109,30 @@ JAX_REFUSALS = (
 
 def setup_jax_devices(args) -> DeviceSetup:
     """``--backend jax``: Keras on JAX (``KERAS_BACKEND=jax``, refused where Keras already runs on another backend),
-    then JAX's devices from ``--logical-cpus N`` or ``--devices``/``--gpus`` (``harness.bench.jaxbench``)."""
+    then JAX's devices: emulated ones (``--emulate``, or seed 000's pair where no GPU is found and no device option
+    is given: one JAX CPU device each), ``--logical-cpus N`` or ``--devices``/``--gpus`` (``harness.bench.jaxbench``).
+
+    Raises:
+        InvalidValue: an emulated device with a link (not modelled on JAX), or a bad device option.
+    """
     from harness.bench import jaxbench
 
     jaxbench.select_backend()
+    emulate = getattr(args, "emulate", None)
+    if emulate is None and not args.devices and args.logical_cpus is None and not jaxbench.gpus_possible():
+        emulate = SEED_000_EMULATE
+    if emulate is not None:
+        specs = parse_emulate(emulate)
+        linked = [str(spec) for spec in specs if spec.link is not None]
+        if linked:
+            raise InvalidValue(f"--emulate {emulate}: on --backend jax an emulated device has no link (links are "
+                               f"modelled on TensorFlow's towers and mirrored); drop @LINK from {', '.join(linked)}")
+        if args.devices or args.logical_cpus is not None:
+            raise InvalidValue("--emulate makes its own devices (one JAX CPU device each); drop --devices, --gpus "
+                               "and --logical-cpus")
+        found = jaxbench.setup_devices(logical_cpus=len(specs))
+        note = "emulated devices: " + ", ".join(f"{d} = {s}" for d, s in zip(found.devices, specs))
+        return DeviceSetup(found.devices, specs, "emulated", note)
     found = jaxbench.setup_devices(logical_cpus=args.logical_cpus, devices=args.devices)
     return DeviceSetup(found.devices, None, found.kind, found.note)
 

@@ -23,9 +23,11 @@ Examples:
     harness run --backend jax --logical-cpus 3 --ratios 5 3 2 --batch 300
                                                   # Keras 3 on JAX: 3 JAX CPU devices, towers
 
-With --backend jax, Keras runs on JAX (KERAS_BACKEND=jax, no TensorFlow in the process) on JAX CPU
-devices (--logical-cpus N) or GPUs (--gpus); each device's samples/s is its share of the total.
---emulate, --workers, --method mirrored and keras, --rebalance and --throttle are TensorFlow's.
+With --backend jax, Keras runs on JAX (KERAS_BACKEND=jax, no TensorFlow in the process) on emulated
+devices (--emulate; by default without GPUs seed 000's pair, one JAX CPU device each), JAX CPU devices
+(--logical-cpus N) or GPUs (--gpus); an emulated device's samples/s is its logged busy time, another's its
+share of the total. --rebalance, --throttle and --method keras (Keras' DataParallel) run there too;
+--workers, --method mirrored and an emulated link are TensorFlow's.
 
 Across workers (--workers N), harness launches N local workers of one loopback cluster
 (harness launch); each runs this command in worker mode, joins the cluster with
@@ -204,11 +206,6 @@ def run(args) -> int:
 _JAX_REFUSALS = (
     ("method", lambda v: v == "mirrored",
      "--method mirrored: TensorFlow's MirroredStrategy; on --backend jax harness splits with towers (the default)"),
-    ("rebalance", lambda v: v is not None,
-     "--rebalance: re-splitting while training is TensorFlow's (harness.Rebalance); on --backend jax give --ratios "
-     "or --batches"),
-    ("throttle", bool,
-     "--throttle: it changes an emulated device's rate, and emulated devices are TensorFlow's"),
 )
 
 
@@ -231,7 +228,11 @@ def run_jax(args) -> int:
         if tuple(batches) != even and rounded is None:
             rounded = f"batches {list(batches)} trained as {list(even)}: DataParallel shards evenly"
         batches = even
-    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices, batches, **spec)
+    if method == "keras" and args.rebalance is not None:
+        raise InvalidValue("--rebalance re-splits harness' towers; --method keras (the stock baseline) has no split "
+                           "to change")
+    config = RunConfig(args.model, options.default_size(args, setup), method, setup.devices, batches,
+                       emulate=setup.emulate, **spec)
     out = Output(args, "run", {"run": jaxbench.config_json(config), "device_kind": setup.kind, "backend": "jax"},
                  environment=jaxbench.environment())
     out.record["backend"] = "jax"

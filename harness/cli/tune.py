@@ -13,6 +13,11 @@ Examples:
     harness tune                                       # seed 000's emulated GPUs (docs/background.md), no GPU needed
     harness tune --gpus 0 1 --model resnet50            # your GPUs
     harness tune --emulate 1500:900,1000:600,500:300 --global-batch 1200
+    harness tune --backend jax                         # the same on Keras 3's JAX backend, no TensorFlow
+
+``--backend jax`` profiles and verifies on JAX devices (emulated ones by default without GPUs, one JAX CPU device
+each; ``--logical-cpus N``; ``--gpus``) with harness' JAX towers (``--method towers``, the default there) and Keras'
+own DataParallel as the stock row.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("tune", help="memory ceilings, throughput curves, the best split, verified",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_common(p, seconds=0.75, windows=3)
+    options.add_backend(p)
     goal = p.add_mutually_exclusive_group()
     goal.add_argument("--global-batch", type=int, metavar="N", help="split this many samples per step")
     goal.add_argument("--max", action="store_true",
                       help="choose the global batch too: the most samples/s within the ceilings (default)")
-    p.add_argument("--method", choices=PARALLEL_METHODS, default="mirrored",
-                   help="method of the verification runs (default mirrored)")
+    p.add_argument("--method", choices=PARALLEL_METHODS, default=None,
+                   help="method of the verification runs (default mirrored; towers on --backend jax)")
     p.add_argument("--margin", type=float, default=TUNED_MARGIN,
                    help=f"fraction of each memory ceiling left free (default {TUNED_MARGIN:g})")
     p.add_argument("--start-batch", type=int, default=32, metavar="B", help="first batch tried (default 32)")
@@ -79,8 +85,17 @@ def _precheck(args) -> None:
 def run(args) -> int:
     from harness.bench.tuning.tuner import tune
 
+    jax = getattr(args, "backend", "tensorflow") == "jax"
+    if jax:
+        from harness.bench import jaxbench
+
+        options.refuse_on_jax(args, options.JAX_REFUSALS + (
+            ("method", lambda v: v == "mirrored",
+             "--method mirrored: TensorFlow's MirroredStrategy; on --backend jax harness splits with towers"),))
+        jaxbench.select_backend()  # before anything (a model of the user's) imports Keras
+    method = args.method or ("towers" if jax else "mirrored")
     _precheck(args)
-    setup = options.setup_devices(args)
+    setup = options.setup_jax_devices(args) if jax else options.setup_devices(args)
     size = options.default_size(args, setup)
     out = options_output(args, setup, size)
     out.say(f"tuning {args.model} ({size}) on {len(setup.devices)} {setup.kind} device(s)")
@@ -89,10 +104,10 @@ def run(args) -> int:
 
     def work():
         return tune(args.model, devices=list(setup.devices), size=size, emulate=setup.emulate,
-                    global_batch=args.global_batch, method=args.method, margin=args.margin, start=args.start_batch,
+                    global_batch=args.global_batch, method=method, margin=args.margin, start=args.start_batch,
                     limit=args.max_batch, tolerance=args.tolerance, max_step_s=args.max_step_s,
                     verify_seconds=args.seconds, verify_windows=args.windows, compare_even=not args.no_even,
-                    seed=args.seed, on_event=out.say, data=args.data)
+                    seed=args.seed, on_event=out.say, data=args.data, backend="jax" if jax else "tensorflow")
 
     result = out.guard(work)
     out.record["result"] = result
@@ -125,9 +140,17 @@ def _warn_host_bound(result: dict) -> None:
 def options_output(args, setup, size):
     from harness.bench.console import Output
 
+    jax = getattr(args, "backend", "tensorflow") == "jax"
+    environment = None
+    if jax:  # JAX's fingerprint, without TensorFlow
+        from harness.bench.jaxbench import environment as jax_environment
+
+        environment = jax_environment()
     return Output(args, "tune", {"model": args.model, "size": size, "devices": list(setup.devices),
                                  "device_kind": setup.kind, "global_batch": args.global_batch,
-                                 "emulate": None if setup.emulate is None else [e.to_json() for e in setup.emulate]})
+                                 "backend": "jax" if jax else "tensorflow",
+                                 "emulate": None if setup.emulate is None else [e.to_json() for e in setup.emulate]},
+                  environment=environment)
 
 
 def device_table(result: dict) -> str:

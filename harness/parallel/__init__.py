@@ -76,7 +76,9 @@ def parallelize(
             defaults to the first device.
         emulate: make the devices emulated heterogeneous devices: one
             ``harness.emulate.EmulatedDevice`` per device, a spec string
-            ``"1345:1100,875"``, or an ``Emulator`` shared by several models.
+            ``"1345:1100,875"``, or an ``Emulator`` shared by several models. On
+            Keras 3's JAX backend each step waits from the host for each device's
+            work and its emulated end (no link: ``jax-emulated-link``).
         overlap: ``fit`` copies each device's next slice to it while the
             current step runs (``harness.parallel.staging``); ``False`` copies
             each slice inside its step (what the overlap saves, measured).
@@ -119,12 +121,17 @@ def parallelize(
             if isinstance(devices, Cluster):
                 raise Refused("jax-cluster", "across workers harness trains on TensorFlow's "
                                              "MultiWorkerMirroredStrategy; on Keras' JAX backend give local devices")
-            if _is_auto(ratios):
-                raise Refused("jax-auto-ratios", "ratios='auto' (harness.Rebalance) is TensorFlow's; on Keras' JAX "
-                                                 "backend give the ratios (harness tune measures them)")
             from harness.parallel.jax import parallelize_jax
 
-            return parallelize_jax(model, devices, ratios, method, sync_batchnorm, merge_device, emulate)
+            auto = _is_auto(ratios)
+            parallel = parallelize_jax(model, devices, "auto" if auto else ratios, method, sync_batchnorm,
+                                       merge_device, emulate)
+            if auto:  # each device's busy time logged from the host, re-split as on TensorFlow
+                from harness.parallel.rebalance import Rebalance
+
+                parallel.time_devices()
+                parallel._rebalancer_ref.value = Rebalance(every=AUTO_EVERY, warmup=AUTO_WARMUP)
+            return parallel
     method = method or "mirrored"
     if not model.built:
         raise InvalidValue(

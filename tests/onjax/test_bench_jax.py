@@ -48,8 +48,8 @@ runs = [run(RESULTS[0])]
 _RUN_AND_PLANTED = _TWO_RUNS + """
 shares = jaxbench._window_record
 
-def whole_batch_shares(window, config):
-    record = shares(window, config)
+def whole_batch_shares(window, config, *rest):
+    record = shares(window, config, *rest)
     for device in record["devices"]:
         device["samples_per_second"] = config.batch * window.steps / window.seconds
     return record
@@ -155,11 +155,13 @@ def test_compare_writes_rows_json_and_chart(tmp_path):
 
 
 @pytest.mark.parametrize(("command", "option", "words"), [
-    (["run", "--emulate", "1000,500"], "--emulate", "emulated devices are TensorFlow's"),
+    (["run", "--emulate", "1000@pcie3x16,500"], "--emulate", "no link"),
+    (["compare", "--emulate", "1000,500", "--logical-cpus", "2"], "--emulate", "its own devices"),
     (["run", "--logical-cpus", "2", "--method", "mirrored"], "--method mirrored", "MirroredStrategy"),
-    (["run", "--logical-cpus", "2", "--rebalance", "5"], "--rebalance", "TensorFlow"),
+    (["run", "--logical-cpus", "2", "--method", "keras", "--rebalance", "5"], "--rebalance", "no split"),
     (["compare", "--workers", "2"], "--workers", "one process"),
     (["compare", "--logical-cpus", "2", "--methods", "mirrored"], "--methods mirrored", "towers"),
+    (["tune", "--logical-cpus", "2", "--method", "mirrored"], "--method mirrored", "towers"),
 ])
 def test_tensorflow_only_options_exit_2_naming_them(command, option, words):
     done = harness(*command[:1], "--backend", "jax", *command[1:], "--no-save")

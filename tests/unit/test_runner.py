@@ -6,7 +6,7 @@ import pytest
 
 from harness.bench.measure import Window
 from harness.bench.nvml import FieldStats
-from harness.bench.runner import RunConfig, _window_record, gpu_index, host_bound, summarize_windows
+from harness.bench.runner import RunConfig, gpu_index, host_bound, summarize_windows, window_record
 from harness.emulate import EmulatedDevice, Emulator, Event
 
 
@@ -23,7 +23,7 @@ def test_gpu_index():
 
 def test_gpu_devices_carry_nvml_telemetry():
     config = RunConfig("mnist_maxing", "full", "towers", ("/device:GPU:0", "/device:GPU:1"), (820, 568))
-    record = _window_record(Window(0, 10.0, 12.0, 4, 4 * 1388), config, None, _FakeTelemetry())
+    record = window_record(Window(0, 10.0, 12.0, 4, 4 * 1388), config, None, _FakeTelemetry())
     first, second = record["devices"]
     assert first["source"] == "nvml" and first["telemetry"]["utilization_pct"]["mean"] == 97.0
     assert first["samples_per_second"] == 820 * 4 / 2.0
@@ -34,7 +34,7 @@ def test_emulated_devices_report_busy_time_and_logical_cpus_only_a_share():
     emulator = Emulator({"/device:CPU:0": EmulatedDevice(1000.0)})
     emulator._events.append(Event("/device:CPU:0", 10.0, 10.5, 500, work=0.1))
     config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (500, 250))
-    record = _window_record(Window(0, 10.0, 11.0, 1, 750), config, emulator, None)
+    record = window_record(Window(0, 10.0, 11.0, 1, 750), config, emulator, None)
     emulated, plain = record["devices"]
     assert emulated["source"] == "emulated" and emulated["busy_fraction"] == 0.5 and emulated["busy_rate"] == 1000
     assert emulated["host_rate"] == pytest.approx(5000) and emulated["late_steps"] == 0
@@ -55,7 +55,7 @@ def test_a_device_late_in_more_than_a_tenth_of_its_steps_is_host_bound():
         emulator._events.append(Event("/device:CPU:1", t, t + 0.1, 100, work=0.02, late=k < 1))  # 1 of 10
     config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (100, 100),
                        emulate=tuple(emulator.devices.values()))
-    record = _window_record(Window(0, 9.9, 11.0, 10, 2000), config, emulator, None)
+    record = window_record(Window(0, 9.9, 11.0, 10, 2000), config, emulator, None)
     assert record["host_bound"] == ["/device:CPU:0"]  # 20% late: host-bound; 10%: still the emulation's
     fast, slow = record["devices"]
     assert (fast["late_steps"], fast["logged_steps"], fast["host_bound"]) == (2, 10, True)
@@ -97,7 +97,7 @@ def test_rebalanced_windows_count_the_samples_each_device_did():
                              Event("/device:CPU:0", 10.25, 10.39, 143), Event("/device:CPU:1", 10.25, 10.39, 57)])
     config = RunConfig("mnist_maxing", "tiny", "towers", ("/device:CPU:0", "/device:CPU:1"), (100, 100),
                        emulate=tuple(emulator.devices.values()), rebalance_every=1)
-    record = _window_record(Window(0, 10.0, 10.4, 2, 400), config, emulator, None, (143, 57))
+    record = window_record(Window(0, 10.0, 10.4, 2, 400), config, emulator, None, (143, 57))
     assert [d["batch"] for d in record["devices"]] == [143, 57]
     assert [d["samples_per_second"] for d in record["devices"]] == pytest.approx([243 / 0.4, 157 / 0.4])
 

@@ -109,13 +109,14 @@ def probe_device(
     max_step_s: float = 1.0,
     seed: int = 0,
     on_point: Callable[[str, Point], None] | None = None,
+    backend: str = "tensorflow",
 ) -> DeviceProbe:
     """Finds ``device``'s memory ceiling for ``workload`` and times it at the batches it tried.
 
     Args:
         workload: a ``harness.bench.workloads.Workload``.
         size: its size, ``"tiny"`` or ``"full"``.
-        device: a TensorFlow device name.
+        device: a TensorFlow device name (on ``backend="jax"`` a JAX one: ``cpu:0``, ``gpu:1``).
         emulate: the device's ``EmulatedDevice``, if emulated.
         start: first batch size tried.
         limit: the search stops here even without running out of memory.
@@ -124,13 +125,15 @@ def probe_device(
         max_step_s: growing stops after a step this slow (the curve is known by then).
         seed: weights and data seed.
         on_point: called with ``(device, point)`` after each probe (progress).
+        backend: ``"tensorflow"`` or ``"jax"`` (Keras 3 on JAX: ``_jax_runner``, no TensorFlow).
 
     Returns:
         The ``DeviceProbe``; ``ceiling`` is None when even batch 1 ran out of memory.
     """
     began = time.perf_counter()
     probe = DeviceProbe(device)
-    run = probe._runner = _runner(workload, size, device, emulate, seed, probe)
+    runner = _jax_runner if backend == "jax" else _runner
+    run = probe._runner = runner(workload, size, device, emulate, seed, probe)
 
     def attempt(batch: int, timed: bool) -> Point:
         try:
@@ -263,6 +266,63 @@ def _runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceP
             if model.emulator is not None:
                 model.emulator.waiting = True
             del x, y
+        busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
+        return Point(batch, True, statistics.median(times) if times else None, len(times),
+                     host_rate=busy.host_rate if busy else None, late_steps=busy.late_steps if busy else 0,
+                     host_bound=bool(busy and busy.host_bound))
+
+    return run
+
+
+def _jax_runner(workload, size: str, device: str, emulate, seed: int, probe: DeviceProbe | None = None):
+    """``_runner`` on Keras 3's JAX backend (no TensorFlow): the device's own model (``harness.parallelize`` on the
+    one JAX device, emulated or not), ``fit`` on a generator of one batch of the pool, the same untimed first step
+    and stamps; an emulated device's MAXBATCH (``MemoryError``) or XLA's out of memory is ``_OutOfMemory``."""
+    import keras
+
+    from harness.bench.jaxbench import out_of_memory_line
+    from harness.parallel import parallelize
+
+    with _BUILDING:  # the tuner profiles devices in threads: Keras' layer naming and seeding are process-wide
+        template = workload.build(size, seed=seed)
+        compile_args = workload.compile_args(template)
+        model = parallelize(template, [device], method="towers", emulate=None if emulate is None else [emulate])
+        model.compile(**compile_args)
+        pool_x, pool_y = workload.make_data(size, 256, seed=seed)
+    pool = len(keras.tree.flatten(pool_y)[0])
+    if probe is not None:
+        probe.weight_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+                                 for v in template.trainable_weights)
+        probe.weight_tensors = len(template.trainable_weights)
+        outputs = template(keras.tree.map_structure(lambda a: a[:2], pool_x), training=False)
+        probe.output_bytes_per_sample = sum(np.asarray(t).nbytes for t in keras.tree.flatten(outputs)) / 2
+
+    def run(batch: int, max_steps: int, min_seconds: float) -> Point:
+        index = np.arange(batch) % pool
+        x, y = (keras.tree.map_structure(lambda a: a[index], d) for d in (pool_x, pool_y))
+
+        def batches():
+            while True:
+                yield x, y
+
+        times: list[float] = []
+        began = time.perf_counter()
+        if model.emulator is not None:  # the first, untimed step skips its emulated wait; the timed ones wait
+            model.emulator.waiting = False
+        try:
+            stamps = _stamps(model, times, max_steps, min_seconds)
+            model.fit(batches(), steps_per_epoch=max_steps + 1, epochs=1, verbose=0, shuffle=False,
+                      callbacks=[stamps])
+            began = stamps.started or began
+        except Exception as err:
+            line = out_of_memory_line(err)
+            if line is None:
+                raise
+            raise _OutOfMemory(line) from None
+        finally:
+            gc.unfreeze()
+            if model.emulator is not None:
+                model.emulator.waiting = True
         busy = model.emulator.busy_between(began, time.perf_counter())[device] if emulate and times else None
         return Point(batch, True, statistics.median(times) if times else None, len(times),
                      host_rate=busy.host_rate if busy else None, late_steps=busy.late_steps if busy else 0,

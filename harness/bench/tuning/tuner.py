@@ -53,17 +53,19 @@ def tune(
     seed: int = 0,
     on_event: Callable[[str], None] | None = None,
     data: str | None = None,
+    backend: str = "tensorflow",
 ) -> dict:
     """Finds the per-device batches with the most samples/s and measures them.
 
     Args:
         model: a workload name (``harness.bench.workloads.names()``), or a reference to your own model
             (``MODULE:ATTR``, ``path/to/file.py:ATTR``: docs/user-models.md).
-        devices: TensorFlow device names, already set up (``use_logical_devices`` for emulated ones).
+        devices: TensorFlow device names, already set up (``use_logical_devices`` for emulated ones); on
+            ``backend="jax"`` JAX device names (``cpu:0``: ``harness.bench.jaxbench.setup_devices``).
         size: ``"tiny"`` or ``"full"``.
         emulate: one ``EmulatedDevice`` per device, or None for real devices.
         global_batch: samples per step to split; None chooses it (most samples/s).
-        method: ``"mirrored"`` or ``"towers"`` for the verification run.
+        method: ``"mirrored"`` or ``"towers"`` for the verification run (on JAX ``"towers"``).
         margin: fraction of each memory ceiling left free (fragmentation, other processes).
         start: the ceiling search's first batch size (see ``probe_device``).
         limit: the ceiling search stops here even without running out of memory (see ``probe_device``);
@@ -78,6 +80,8 @@ def tune(
         seed: weights and data seed.
         on_event: called with a line of progress text.
         data: a reference to your model's data function (``--data``), for a model of your own.
+        backend: ``"tensorflow"``, or ``"jax"``: Keras 3 on JAX (the probes ``probe._jax_runner``, the verification
+            runs ``harness.bench.jaxbench.run_one``, the stock row Keras' DataParallel), no TensorFlow.
 
     Returns:
         A JSON-ready record: per-device profiles and fits, the choice (batches,
@@ -101,23 +105,23 @@ def tune(
     began = time.perf_counter()
     say = on_event or (lambda text: None)
     workload = workloads.get(model, data)
-    _check(devices, size, emulate, global_batch, method, margin)
+    _check(devices, size, emulate, global_batch, method, margin, backend)
     specs = list(emulate) if emulate is not None else [None] * len(devices)
     record: dict[str, Any] = {
-        "config": {"model": model, "size": size, "devices": list(devices), "method": method,
+        "config": {"model": model, "size": size, "devices": list(devices), "method": method, "backend": backend,
                    "global_batch": global_batch, "margin": margin, "seed": seed, "data": data,
                    "emulate": None if emulate is None else [e.to_json() for e in emulate]},
         "devices": [], "choice": None, "verify": None, "seconds": {}}
     limit = limit if global_batch is None else max(1, min(limit, global_batch))
     probes, record["devices"] = profile_devices(workload, size, devices, specs, start=start, limit=limit,
                                                 tolerance=tolerance, max_step_s=max_step_s, seed=seed,
-                                                on_event=say)
+                                                on_event=say, backend=backend)
     record["seconds"]["profile"] = time.perf_counter() - began
     split, models = _choose(probes, global_batch, margin, record, specs)
     say(_choice_text(record["choice"]))
     t0 = time.perf_counter()
     record["verify"] = _verify(model, size, devices, specs, probes, split, models, method, verify_seconds,
-                               verify_windows, compare_even, seed, say, data)
+                               verify_windows, compare_even, seed, say, data, backend)
     kept = record["verify"].get("kept") or {}
     if kept.get("split") == "ratio":  # the ratio split measured faster: it is the recommendation
         choice = record["choice"]
@@ -155,7 +159,7 @@ def host_bound_entries(record: dict) -> list[dict]:
     return out
 
 
-def _check(devices, size, emulate, global_batch, method, margin) -> None:
+def _check(devices, size, emulate, global_batch, method, margin, backend: str = "tensorflow") -> None:
     from harness.bench import workloads
 
     workloads.check_size(size)
@@ -167,8 +171,11 @@ def _check(devices, size, emulate, global_batch, method, margin) -> None:
     if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)
                                      or global_batch < 1):
         raise InvalidValue(f"global batch must be an int >= 1; got {global_batch!r}")
-    if method not in ("mirrored", "towers"):
-        raise InvalidValue(f"method must be 'mirrored' or 'towers'; got {method!r}")
+    if backend not in ("tensorflow", "jax"):
+        raise InvalidValue(f"backend must be 'tensorflow' or 'jax'; got {backend!r}")
+    if method not in ("mirrored", "towers") or (backend == "jax" and method != "towers"):
+        raise InvalidValue(f"method must be {'towers (on JAX)' if backend == 'jax' else 'mirrored or towers'}; "
+                           f"got {method!r}")
     if not (isinstance(margin, (int, float)) and 0 <= margin < 1):
         raise InvalidValue(f"margin must be a fraction in [0, 1); got {margin!r}")
 
@@ -199,7 +206,8 @@ def each_device(work: Callable[[int], Any], count: int, concurrent: bool = True)
 
 def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence, *, start: int = 32,
                     limit: int = 8192, tolerance: float = 0.03, max_step_s: float = 1.0, seed: int = 0,
-                    on_event: Callable[[str], None] | None = None, concurrent: bool = True) -> tuple[list, list[dict]]:
+                    on_event: Callable[[str], None] | None = None, concurrent: bool = True,
+                    backend: str = "tensorflow") -> tuple[list, list[dict]]:
     """Each device alone: ceiling, timed points and fitted step model.
 
     With ``concurrent`` (the default) the devices are profiled at once, each in a thread of its own on its own
@@ -228,7 +236,8 @@ def profile_devices(workload, size: str, devices: Sequence[str], specs: Sequence
             say(lines.pop())
         tell = say if not concurrent else lines.append
         probe = probe_device(workload, size, device, emulate=spec, start=start, limit=limit, tolerance=tolerance,
-                             max_step_s=max_step_s, seed=seed, on_point=lambda d, p: tell(_point_text(p)))
+                             max_step_s=max_step_s, seed=seed, on_point=lambda d, p: tell(_point_text(p)),
+                             backend=backend)
         try:
             if probe.ceiling is None:
                 raise InvalidValue(f"{device} runs out of memory at batch 1 for {workload.name} ({size}): "
@@ -356,7 +365,7 @@ def _choice_text(choice: dict) -> str:
 
 
 def _verify(model, size, devices, specs, probes, split, models, method, seconds, windows, compare_even, seed, say,
-            data=None):
+            data=None, backend: str = "tensorflow"):
     from harness.bench.tuning.probe import release_probes
     from harness.bench.tuning.solver import predict
 
@@ -368,9 +377,9 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
     release_probes(probe for probe, _ in probes)  # free the probe models before the parallel ones take the memory
     # The tuned, the ratio and the even split train one model, each split set by set_ratios: its step runs the tuned
     # one's trace (staging: a step traced for any batch of at least the device count), not a trace of its own.
-    shared = {} if all(b > 0 for b in (*even, *split.batches)) else None
+    shared: dict | None = {} if all(b > 0 for b in (*even, *split.batches)) and backend != "jax" else None
     out = {"tuned": _parallel(model, size, devices, specs, split.batches, method, seconds, windows, seed, say,
-                              split.samples_per_second, tuned_solo, data, shared)}
+                              split.samples_per_second, tuned_solo, data, shared, backend)}
     if alone_bound:
         out["tuned"]["host_bound"] = [*(out["tuned"]["host_bound"] or []), *alone_bound]
     if out["tuned"]["status"] != "complete":
@@ -379,9 +388,9 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
         out["even"] = dict(out["tuned"])  # the tuned split is the even one: measured once
     elif compare_even:
         out["even"] = _parallel(model, size, devices, specs, even, method, seconds, windows, seed, say,
-                                predict(models, even).samples_per_second, even_solo, data, shared)
+                                predict(models, even).samples_per_second, even_solo, data, shared, backend)
     _verify_ratio(out, model, size, devices, specs, split, models, ceilings, method, seconds, windows, seed, say,
-                  even_solo or tuned_solo, data, shared)
+                  even_solo or tuned_solo, data, shared, backend)
     shared = None  # its model's memory is the stock baseline's
     if compare_even:
         out["even"]["note"] = ("same global batch" if sum(even) == split.global_batch else
@@ -392,7 +401,7 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
             stock = (sum(even) // len(even),) * len(even)
             out["keras"] = _parallel(model, size, devices, specs, stock, "keras", seconds, windows, seed, say,
                                      predict(models, stock).samples_per_second,
-                                     even_solo if tuple(stock) == tuple(even) else None, data)
+                                     even_solo if tuple(stock) == tuple(even) else None, data, backend=backend)
             if tuple(stock) != tuple(even):
                 out["keras"]["note"] = (f"global batch {sum(stock)}: Keras' even split needs a multiple of "
                                         f"{len(even)} devices ({sum(even)} less its remainder)")
@@ -400,7 +409,7 @@ def _verify(model, size, devices, specs, probes, split, models, method, seconds,
 
 
 def _verify_ratio(out: dict, model, size, devices, specs, split, models, ceilings, method, seconds, windows, seed, say,
-                  solo, data, shared) -> None:
+                  solo, data, shared, backend: str = "tensorflow") -> None:
     """Measures the split a user without the tuner would take, the global batch divided by the devices' measured
     speeds alone (``solo``: at the even split, else at the tuned one), beside the tuned split; ``out["kept"]`` is
     the faster of the two by measured samples/s, with how much faster, and ``out["ratio"]`` the ratio split's
@@ -426,7 +435,7 @@ def _verify_ratio(out: dict, model, size, devices, specs, split, models, ceiling
         return
     out["ratio"] = _parallel(model, size, devices, specs, ratio, method, seconds, windows, seed, say,
                              predict(models, ratio).samples_per_second, solo, data,
-                             shared if tuned["status"] == "complete" else None)
+                             shared if tuned["status"] == "complete" else None, backend)
     mine, theirs = tuned.get("samples_per_second"), out["ratio"].get("samples_per_second")
     if not mine or not theirs:
         kept = "ratio" if theirs and not mine else "tuned"
@@ -512,10 +521,14 @@ def _solo(probes, batches, seconds, say, concurrent: bool = True, specs=None,
 
 
 def _parallel(model, size, devices, specs, batches, method, seconds, windows, seed, say, predicted, solo, data=None,
-              shared: dict | None = None):
-    """Measures ``batches`` in parallel on a model of its own (``run_one``), or with ``shared`` (a dict) on the
-    model kept there: the first such run builds it, the next ones split it by ``set_ratios``."""
+              shared: dict | None = None, backend: str = "tensorflow"):
+    """Measures ``batches`` in parallel on a model of its own (``run_one``; on JAX ``jaxbench.run_one``), or with
+    ``shared`` (a dict, TensorFlow) on the model kept there: the first such run builds it, the next ones split it by
+    ``set_ratios``."""
+    from harness.bench import jaxbench
     from harness.bench.runner import RunConfig, build_model, host_bound, run_one, train_windows
+
+    run = jaxbench.run_one if backend == "jax" else run_one
 
     used = [i for i, b in enumerate(batches) if b > 0]  # the devices with rows (one alone: method 'single')
     config = RunConfig(model, size, method if len(used) > 1 else "single", tuple(devices[i] for i in used),
@@ -528,7 +541,7 @@ def _parallel(model, size, devices, specs, batches, method, seconds, windows, se
         shared["model"].set_ratios(list(config.batches))
         result = train_windows(config, shared["model"], check_input=False)  # samples/s is all the verification reads
     else:
-        result = run_one(config, check_input=False)
+        result = run(config, check_input=False)
     measured = result["summary"]["samples_per_second"]["median"] if result["status"] == "complete" else None
     eff = efficiency(measured, [solo[i] for i in used]) if solo is not None else None
     line = f"    measured {measured:.0f} samples/s (predicted {predicted:.0f})" if measured else \

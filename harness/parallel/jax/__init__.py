@@ -28,6 +28,7 @@ Nothing here imports TensorFlow (an import-linter contract, and tests/onjax/ run
 
 from __future__ import annotations
 
+from harness.emulation import emulator_for
 from harness.errors import Refused
 from harness.parallel.jax.devices import device_name, resolve_jax_devices
 from harness.parallel.jax.towers import JaxTowers
@@ -37,14 +38,20 @@ __all__ = ["JaxTowers", "parallelize_jax", "resolve_jax_devices", "device_name"]
 
 
 def parallelize_jax(model, devices, ratios, method: str, sync_batchnorm: bool, merge_device, emulate):
-    """``harness.parallelize`` of a Keras 3 model on the JAX backend (its checks: ``JaxTowers``)."""
+    """``harness.parallelize`` of a Keras 3 model on the JAX backend (its checks: ``JaxTowers``): ``emulate`` as on
+    TensorFlow (``harness.emulation``: rate, MAXBATCH, overhead; no link); ``ratios="auto"`` starts even (the caller
+    adds ``harness.Rebalance``, ``JaxTowers.rebalancer``)."""
     if method != "towers":
         raise Refused("jax-method", f"on Keras' JAX backend harness trains with method='towers' only (mirrored is "
                                     f"TensorFlow's MirroredStrategy); got method={method!r}")
-    if emulate is not None:
-        raise Refused("jax-emulate", "emulated devices are TensorFlow's (harness.emulate); on the JAX backend "
-                                     "devices run at their own speed: emulate=None")
     names = resolve_jax_devices(devices)
     merge = names[0] if merge_device is None else resolve_jax_devices([merge_device])[0]
-    ratios = validate_ratios([1.0] * len(names) if ratios is None else ratios, len(names))
-    return JaxTowers(model, names, ratios, merge, sync_batchnorm=sync_batchnorm)
+    auto = isinstance(ratios, str)  # "auto" (harness.parallelize checked it)
+    ratios = validate_ratios([1.0] * len(names) if ratios is None or auto else ratios, len(names))
+    emulator = emulator_for(emulate, [device_name(d) for d in names])
+    linked = [name for name, spec in (emulator.devices.items() if emulator is not None else ()) if spec.link]
+    if linked:
+        raise Refused("jax-emulated-link", f"emulated links ({', '.join(linked)}) are modelled on TensorFlow's "
+                                           "towers and mirrored; on the JAX backend an emulated device has a rate, "
+                                           "a MAXBATCH and an overhead: drop the link")
+    return JaxTowers(model, names, ratios, merge, sync_batchnorm=sync_batchnorm, emulator=emulator)

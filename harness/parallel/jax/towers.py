@@ -4,6 +4,7 @@ by ratios over devices (``harness.parallel.jax``, where the step is described)."
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import jax
@@ -50,7 +51,7 @@ class JaxTowers(keras.Model):
     method = "towers"
 
     def __init__(self, template, devices: list, ratios: tuple[float, ...], merge_device, *,
-                 sync_batchnorm: bool = True):
+                 sync_batchnorm: bool = True, emulator=None):
         from harness.randomness import random_layers
 
         if not template.built:
@@ -74,6 +75,8 @@ class JaxTowers(keras.Model):
         self._template_ref = _Held(template)
         self._devices_ref = _Held(tuple(devices))
         self._merge_ref = _Held(merge_device)
+        self._emulator_ref = _Held(emulator)  # harness.emulation.HostEmulator: emulated or timed devices (None: neither)
+        self._rebalancer_ref = _Held(None)  # ratios="auto": harness.Rebalance, added to every fit's callbacks
         self.ratios = validate_ratios(ratios, len(devices))
         self.sync_batchnorm = bool(sync_batchnorm)
         self.random_layers = random_layers(template)
@@ -117,6 +120,34 @@ class JaxTowers(keras.Model):
     def call(self, inputs, training=None):
         return self._core_model(inputs, training=training)
 
+    # -- emulated and timed devices (harness.emulate; what harness.Rebalance reads) -------------------------------
+    @property
+    def emulator(self):
+        """The ``harness.emulation.HostEmulator`` slowing the devices down or timing them, or None."""
+        return self._emulator_ref.value
+
+    @property
+    def rebalancer(self):
+        """The built-in ``Rebalance`` of ``ratios="auto"``, else None."""
+        return self._rebalancer_ref.value
+
+    def time_devices(self):
+        """Logs every device's busy time in training steps; returns the ``HostEmulator`` that holds the log. A model
+        built without ``emulate`` gets ``HostEmulator({}, timed=devices)``: each step then waits for each device's
+        gradient from the host and stamps it (``Emulator.wait_steps``), which also ends the step's overlap with
+        the next one's dispatch."""
+        from harness.emulation import HostEmulator
+
+        if self.emulator is None:
+            self._emulator_ref.value = HostEmulator({}, timed=self.devices)
+        else:
+            self.emulator.add_timed(list(self.devices))
+        return self.emulator
+
+    def gather_device_rows(self, rows: list) -> list:
+        """Every device's ``(busy seconds, samples, steps)`` (``Rebalance``): one process measures them all."""
+        return rows
+
     def compile(self, *args, jit_compile="auto", **kwargs):
         """As ``Model.compile``; the step is never one jitted program (each device's part is: ``jax-jit-compile``)."""
         if jit_compile is True:
@@ -128,6 +159,10 @@ class JaxTowers(keras.Model):
 
     # Keras' loops, each with the batches left where they are (NumPy on the host): each slice goes to its device.
     def fit(self, *args, **kwargs):
+        if self.rebalancer is not None:
+            callbacks = list(kwargs.get("callbacks") or [])
+            if not any(c is self.rebalancer for c in callbacks):
+                kwargs["callbacks"] = [self.rebalancer, *callbacks]
         with batches_on_host():
             return super().fit(*args, **kwargs)
 
@@ -238,6 +273,8 @@ class JaxTowers(keras.Model):
         the weights and its index beside it, and its traced pass."""
         runs = []
         for index, device, start, stop in self._slices(x):
+            if self.emulator is not None:
+                self.emulator.check_fits(device_name(device), stop - start)
             args = put((trainable, non_trainable, tree.map_structure(lambda a, s=start, e=stop: a[s:e], x),
                         np.int32(index)), device)
             runs.append(DeviceRun(self._plan(training, args), device, jax.tree_util.tree_leaves(args), index))
@@ -314,6 +351,7 @@ class JaxTowers(keras.Model):
     def train_step(self, state, data):
         from keras.utils import unpack_x_y_sample_weight
 
+        started = time.perf_counter()  # each device's step begins here (emulated and timed devices)
         trainable, non_trainable, optimizer_variables, metrics_variables = (self._on_merge(s) for s in state)
         x, y, sample_weight = unpack_x_y_sample_weight(data)
         y, sample_weight = self._on_merge(y), self._on_merge(sample_weight)
@@ -330,7 +368,12 @@ class JaxTowers(keras.Model):
             final_cts.append(cts + [None] * (run.plan.out_tree.num_leaves - len(cts)))
         run_backward(runs, self._merge_ref.value, combined, final_cts)
         like = tuple((tuple(t.shape), str(t.dtype)) for t in trainable)
-        grads = [self._on_merge(self._device_gradient(run, like)) for run in runs]
+        grads = [self._device_gradient(run, like) for run in runs]
+        if self.emulator is not None:  # a device's step ends when its gradient is ready, or at its emulated end
+            self.emulator.wait_steps(started, [
+                (device_name(run.device), int(tree.flatten(p[0])[0].shape[0]), lambda g=g: jax.block_until_ready(g))
+                for run, p, g in zip(runs, passes, grads)])
+        grads = [self._on_merge(g) for g in grads]
         new_non_trainable = self._on_merge(passes[0][2])  # seeds, moving statistics: alike on every device
         if self._apply is None:
             self._apply = jax.jit(_summed_apply(self.optimizer))
