@@ -137,11 +137,14 @@ MOVED_FOR_TIME: dict[str, tuple[str, ...]] = {
 
 
 # The garbage collector's full collections walk every object a test process holds, the modules first: after
-# TensorFlow, Keras and JAX are imported, some 300,000 objects that live as long as the process. In
-# tests/parallel/test_conformance.py and test_sparse.py (one process, idle but for another test run beside it) 49 s of
-# 219 s went to collecting (37 s in 18 full collections); with the objects alive at a test's start frozen out of the
-# collector (gc.freeze) once the imports are done, 18 s of 160 s. A test's own objects are collected as before; what
-# is frozen is what was alive between tests after a full collection: modules, session fixtures, caches.
+# TensorFlow, Keras and JAX are imported, some 300,000 objects that live as long as the process. With the objects alive
+# at a test's start frozen out of the collector (gc.freeze) once the imports are done, the collector's time in the two
+# xdist workers of tests/parallel/test_equivalence.py, test_conformance.py, test_api.py and
+# tests/upstream/test_batches.py (pytest -n 2, idle, gc.callbacks timing each collection) went from 49 + 44 s to
+# 27 + 37 s (full collections: 28 + 29 s to 5 + 15 s), of some 215 s each; the wall times of such runs move by more
+# than that from run to run here (185-211 s without, 199-217 s with). A test's own objects are collected as before;
+# what is frozen is what was alive between tests after a full collection: modules, session fixtures, caches.
+# (Larger collection thresholds made it slower: 10000,10,10 took 26 + 42 s, 50000,10,10 109 + 57 s.)
 _FREEZE_AFTER_MODULES = 100  # modules imported since the last freeze that make the next test's setup freeze again
 _frozen = {"modules": 0, "objects": 0}
 

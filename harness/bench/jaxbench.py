@@ -369,7 +369,7 @@ def _stock_scope(config) -> Iterator[str | None]:
 
 
 def _stock_emulator(config):
-    """The ``HostEmulator`` of a stock row's emulated devices (None: not emulated); the devices' names as the config's."""
+    """The ``HostEmulator`` of a stock row's emulated devices (None: not emulated), keyed by the config's names."""
     if config.emulate is None:
         return None
     from harness.emulation import emulator_for

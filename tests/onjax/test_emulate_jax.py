@@ -1,5 +1,5 @@
-"""Emulated devices on Keras 3's JAX backend (``harness.emulation``'s host-side waits, ``harness.parallel.jax``): harness'
-towers and Keras' DataParallel charged alike, the rebalancer and the tuner on them.
+"""Emulated devices on Keras 3's JAX backend (``harness.emulation``'s host-side waits, ``harness.parallel.jax``):
+harness' towers and Keras' DataParallel charged alike, the rebalancer and the tuner on them.
 
 Each test runs in a JAX process (tests/onjax/jax_process.py: TensorFlow blocked). An emulated figure is valid only
 while this host computes each slice faster than its emulated device: the rates here are a few thousand samples/s of

@@ -59,6 +59,14 @@ def test_dry_run_holds_exactness_and_records_every_check(tmp_path):
         assert config["windows"] and all(w["steps"] >= 2 and w["seconds"] > 0 for w in config["windows"]), key
     assert configs["split:even"]["rows_per_device"] == [speed["global_batch"] // 2] * 2
     assert speed["solver"]["ran"] is True or speed["solver"]["why_not"]
+    # two CPU devices, one platform: Keras' DataParallel beside the splits, and the towers step's phases
+    assert speed["dataparallel"] == {"ran": True, "global_batch": speed["global_batch"] // 2 * 2}
+    assert configs["dataparallel"]["kind"] == "keras.distribution.DataParallel, even shards"
+    assert configs["dataparallel"]["samples_per_second"] > 0
+    phases = speed["phases"]["ms_per_step"]
+    assert set(phases) == {"_runs", "run_forward", "_gathered", "run_backward", "_device_gradient", "train_step"}
+    assert all(value > 0 for value in phases.values()), phases
+    assert sum(phases[p] for p in phases if p != "train_step") <= phases["train_step"], phases
     if speed["solver"]["ran"]:
         assert "split:solver" in configs or speed["solver"]["measured"]
 

@@ -75,7 +75,7 @@ class JaxTowers(keras.Model):
         self._template_ref = _Held(template)
         self._devices_ref = _Held(tuple(devices))
         self._merge_ref = _Held(merge_device)
-        self._emulator_ref = _Held(emulator)  # harness.emulation.HostEmulator: emulated or timed devices (None: neither)
+        self._emulator_ref = _Held(emulator)  # harness.emulation.HostEmulator: emulated or timed devices, or None
         self._rebalancer_ref = _Held(None)  # ratios="auto": harness.Rebalance, added to every fit's callbacks
         self.ratios = validate_ratios(ratios, len(devices))
         self.sync_batchnorm = bool(sync_batchnorm)
