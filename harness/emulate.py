@@ -72,17 +72,8 @@ __all__ = ["EmulatedDevice", "Link", "LINKS", "parse_link", "Emulator", "parse_e
 
 
 class Emulator(HostEmulator):
-    """Inserts the begin/end ops of emulated devices (TensorFlow graphs) and logs their busy time
-    (``harness.emulation.HostEmulator``: the devices, the log, the host-side waits).
-
-    Args:
-        devices: device name -> its ``EmulatedDevice``. Devices not in the
-            mapping run at their real speed.
-        timed: devices (not emulated) whose begin/end ops only log their real
-            busy time: what ``harness.Rebalance`` measures on real GPUs. The end
-            op reads one element of the device's last result, so its stamp
-            follows the device's work (a GPU tensor is copied to the host).
-    """
+    """Inserts the begin/end ops of emulated devices into TensorFlow graphs and logs their busy time; its devices,
+    timed devices (arguments), log and host-side waits are ``harness.emulation.HostEmulator``'s."""
 
     # -- graph ops -----------------------------------------------------------
     def begin(self, device: str, x, reads: tuple[int, int] = (0, 0), staged: bool = False, overlap: bool = False):

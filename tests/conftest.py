@@ -54,7 +54,8 @@ def pytest_collection_modifyitems(config, items):
     the quick loop; of its Keras 2 cases (``any_keras``' keras2) the quick loop runs one: the first collected of one
     method, the method picked by the test's name (``_keras2_method``), so that across the suite each method's Keras 2
     adapter path runs in about half the grid tests. The others are extended tests (``.ci/run``'s extended step, and
-    the tf215 env in slow.yml). ``keras2_extended`` makes every Keras 2 case of a test extended. Then the cases of
+    the tf215 env in slow.yml). ``keras2_extended`` makes every Keras 2 case of a test extended. Of a Keras 3 grid
+    over methods and another axis, each case runs one method (``_one_method_per_case``). Then the cases of
     ``MOVED_FOR_TIME`` become extended, each naming the quick tests that run its path.
     """
     methods: dict[str, list] = defaultdict(list)  # each grid test's Keras 2 methods, in collection order
@@ -80,6 +81,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.extended)
         else:
             kept.add(base)
+    _one_method_per_case(items, named)
     moved = {item.nodeid: item for item in items}
     for nodeid, covering in MOVED_FOR_TIME.items():
         if nodeid in moved:  # absent: a module this env skips or a run of some files; test_coverage_claims holds it
@@ -91,6 +93,50 @@ def pytest_collection_modifyitems(config, items):
 
 def _base(item) -> str:
     return item.nodeid.split("[")[0]
+
+
+GRID_METHODS = ("towers", "mirrored")
+
+
+def _one_method_per_case(items, named: set) -> None:
+    """A grid test over methods and another axis (models, splits, optimizers) runs each mechanism once per method
+    and once per other case: of a Keras 3 case's two methods the quick loop runs one, the methods alternating over
+    the other cases (the first case's method picked by the test's name, ``_keras2_method``'s crc32), so each method
+    and each other case runs in the quick loop. The other method's case becomes extended, its ``covered_by`` naming
+    the quick case of its other parameters and a quick case of its method in the same test. Only where the test has
+    two such cases or more (a test over methods alone keeps both); a case a claim names, one already extended and
+    one of ``MOVED_FOR_TIME`` stay as they are."""
+    import zlib
+
+    grids: dict[str, dict[tuple, dict[str, object]]] = defaultdict(lambda: defaultdict(dict))
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (params.get("method") not in GRID_METHODS or "keras2" in [v for v in params.values() if isinstance(v, str)]
+                or any(item.get_closest_marker(m) is not None for m in coverage_claims.OUT_OF_QUICK_LOOP)
+                or item.nodeid in MOVED_FOR_TIME):
+            continue
+        rest = tuple(sorted((name, repr(value)) for name, value in params.items() if name != "method"))
+        grids[_base(item)][rest][params["method"]] = item
+    for base, cases in grids.items():
+        both = [methods for methods in cases.values() if len(methods) == len(GRID_METHODS)]
+        if len(both) < 2:
+            continue
+        first = zlib.crc32(base.encode())
+        kept: dict[str, list] = defaultdict(list)
+        plan = []
+        for i, methods in enumerate(both):
+            keep = GRID_METHODS[(first + i) % len(GRID_METHODS)]
+            if any(item.nodeid in named for item in methods.values()):
+                kept.update({m: [*kept[m], item] for m, item in methods.items() if item.nodeid in named})
+                continue
+            kept[keep].append(methods[keep])
+            plan.append((keep, methods))
+        for keep, methods in plan:
+            for method, item in methods.items():
+                if method == keep:
+                    continue
+                item.add_marker(pytest.mark.extended)
+                item.add_marker(pytest.mark.covered_by(methods[keep].nodeid, kept[method][0].nodeid))
 
 
 def _keras2_method(base: str, methods: list):
@@ -130,6 +176,11 @@ MOVED_FOR_TIME: dict[str, tuple[str, ...]] = {
     "[keras3-mirrored]": (
         "tests/upstream/test_saving.py::test_save_then_load_gives_the_single_device_model_with_equal_predictions"
         "[keras3-towers]",),
+    # 7 s: an LSTM stack trained to one device's accuracy on towers; mirrored's recurrent step is the equivalence
+    # grid's GRU.
+    "tests/upstream/test_recurrent.py::test_recurrent_stack_reaches_the_single_device_accuracy[keras3-lstm-mirrored]": (
+        "tests/upstream/test_recurrent.py::test_recurrent_stack_reaches_the_single_device_accuracy[keras3-lstm-towers]",
+        f"{_EQ}test_parallel_step_equals_single_device[keras3-mirrored-5:3:2-gru]"),
     "tests/parallel/test_user_model.py::test_lookups_fed_by_a_dataset_get_the_single_devices_rows[mirrored-False]": (
         "tests/parallel/test_user_model.py::test_lookups_fed_by_a_dataset_get_the_single_devices_rows[mirrored-True]",
         "tests/parallel/test_user_model.py::test_lookups_fed_by_a_dataset_get_the_single_devices_rows[towers-False]"),

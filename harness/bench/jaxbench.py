@@ -18,7 +18,7 @@ own ``keras.distribution.DataParallel`` (the batch in even shards, one SPMD prog
 on it (``jax.default_device``). DataParallel shards the batch evenly, so its batch is a multiple of the device count
 (``stock_batches`` rounds it down and says so).
 
-Emulated devices (``config.emulate``, ``harness.emulate``: a rate, a MAXBATCH, an overhead a step; no link) slow each
+Emulated devices (``config.emulate``, ``harness.emulation``: a rate, a MAXBATCH, an overhead a step; no link) slow each
 device's part of a harness step down to its rate from the host (``HostEmulator.wait_steps``: the step waits for each
 device's gradient, then until the last device's emulated end). The stock rows are charged alike by a callback: each
 shard of DataParallel's step (or the one device's batch) at its device's rate, from the step's start to the last

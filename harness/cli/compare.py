@@ -36,8 +36,8 @@ each device alone, the whole batch on the first (harness' wrapper, then plain Ke
 ``keras.distribution.DataParallel`` on the even split (the stock rows: even shards, the batch rounded down to a
 multiple of the device count where it does not divide, the row saying so; on emulated devices each shard charged at
 its device's rate, as harness' rows are: ``harness.bench.jaxbench``), the even and the ratio split with towers. The
-tuned split is TensorFlow's and is left out (a note says so); ``--workers``, ``--methods mirrored``, ``--overlap``
-and an emulated link are refused.
+tuned split is left out (a note says so: ``harness tune --backend jax`` finds it); ``--workers``, ``--methods
+mirrored``, ``--overlap`` and an emulated link are refused.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def _compare_jax(args) -> int:
     left_out = []
     stock = not args.no_stock
     if not args.no_tune:
-        left_out.append("the tuned split (harness tune profiles devices on TensorFlow)")
+        left_out.append("the tuned split (harness tune --backend jax finds it)")
     if list(args.methods) == list(PARALLEL_METHODS):
         left_out.append("mirrored (TensorFlow's MirroredStrategy)")
     if left_out:

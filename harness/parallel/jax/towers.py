@@ -120,7 +120,7 @@ class JaxTowers(keras.Model):
     def call(self, inputs, training=None):
         return self._core_model(inputs, training=training)
 
-    # -- emulated and timed devices (harness.emulate; what harness.Rebalance reads) -------------------------------
+    # -- emulated and timed devices (harness.emulation; what harness.Rebalance reads) -----------------------------
     @property
     def emulator(self):
         """The ``harness.emulation.HostEmulator`` slowing the devices down or timing them, or None."""
