@@ -137,3 +137,19 @@ def _fake_verify(monkeypatch, tuned, parallel, solo, compare_even: bool) -> dict
     probes = [(_probe("/cpu:0", 900, "oom", 900, 4000.0), None), (_probe("/cpu:1", 900, "oom", 900, 2000.0), None)]
     return tuner._verify("m", "tiny", ("/cpu:0", "/cpu:1"), None, probes, split, None, "towers", 0.1, 1,
                          compare_even, 0, lambda line: None)
+
+
+def test_a_verification_that_is_the_tuned_runs_record_is_not_warned_of_twice():
+    # harness tune beyond the host (tests/parallel/test_tune.py), beside two CPU hogs: the ratio split came out as the
+    # tuned one, whose record it then is ({**tuned}), and its host-bound entries were warned of as "verify ratio" too
+    from harness.bench.tuning.tuner import host_bound_entries
+
+    entry = {"device": "/device:CPU:0", "emulated_rate": 18112.0, "host_rate": 4035.0, "late_share": 1.0}
+    tuned = {"batches": [180, 76], "host_bound": [entry]}
+    same = {**tuned, "note": "the tuned split is the ratio split"}
+    record = {"devices": [], "verify": {"tuned": tuned, "ratio": same, "even": dict(tuned),
+                                        "keras": {"batches": [180, 76], "host_bound": [entry]},
+                                        "kept": {"split": "tuned", "batches": [180, 76]}}}
+    assert [e["phase"] for e in host_bound_entries(record)] == ["verify tuned", "verify keras"]
+    record["verify"]["ratio"] = {"batches": [170, 86], "host_bound": [entry]}  # measured on its own
+    assert [e["phase"] for e in host_bound_entries(record)] == ["verify tuned", "verify ratio", "verify keras"]

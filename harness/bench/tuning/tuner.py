@@ -154,7 +154,11 @@ def host_bound_entries(record: dict) -> list[dict]:
             late = sum(p["late_steps"] for p in timed) / sum(p["steps"] for p in timed)
             out.append({"phase": "profile", "device": dev["device"], "emulated_rate": dev["emulate"]["rate"],
                         "host_rate": max(rates) if rates else None, "late_share": late})
-    for name, run in (record.get("verify") or {}).items():
+    verify = record.get("verify") or {}
+    tuned = (verify.get("tuned") or {}).get("batches")
+    for name, run in verify.items():
+        if name in ("even", "ratio") and run.get("batches") == tuned:  # the tuned run's record, not a run of its own
+            continue
         out += [{"phase": f"verify {name}", **entry} for entry in run.get("host_bound") or ()]
     return out
 
