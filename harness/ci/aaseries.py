@@ -198,11 +198,12 @@ def plant(measurement: Measurement, slowdown: float = SLOWDOWN) -> Measurement:
                        measurement.stats)
 
 
-def _stop(ratios: Sequence[float], factor: float, first: int, step: int) -> int:
+def _stop(ratios: Sequence[float], factor: float, first: int, step: int, see: bool = False) -> int:
     """How many pairs the gate's sequential rule takes: a look at the bounds (``benchgate.paired``,
-    ``benchgate.settled``) at ``first`` pairs and every ``step`` after, until settled or all are used."""
+    ``benchgate.settled``; ``see`` for interleaved pairs, as the gate) at ``first`` pairs and every ``step`` after,
+    until settled or all are used."""
     size = min(first, len(ratios))
-    while size < len(ratios) and not (size >= 2 and settled(paired(ratios[:size]), factor)):
+    while size < len(ratios) and not (size >= 2 and settled(paired(ratios[:size]), factor, see=see)):
         size = min(len(ratios), size + step)
     return size
 
@@ -217,7 +218,7 @@ def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tall
     source = "interleaved pairs" if kind == "pairs" else "rounds"
     worse = {}
     for slowdown in (1.0, *PLANTS):
-        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step)
+        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step, see=kind == "pairs")
         heads = head[:size] if slowdown == 1.0 else [plant(m, slowdown) for m in head[:size]]
         row = judge_rounds(base[:size], heads, factor, source=source)
         worse[slowdown] = row.verdict is Verdict.WORSE

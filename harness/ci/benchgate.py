@@ -47,7 +47,7 @@ from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
            "decided", "settled", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K",
-           "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS"]
+           "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
@@ -59,6 +59,10 @@ FACTOR = 1.03
 ALPHA = 0.01  # one-sided: a judgment of one commit against itself says worse at most this often
 POWER = 0.95  # *detects*: the change caught this often at the measured spread
 MEDIAN_PAIRS = 20  # from this many pairs on, the median and its order-statistic bounds; below, the mean and t
+# Interleaved pairs that pass go on until they could see this much beyond the factor (at the default factor, 5%):
+# a pass whose bounds already exclude the factor but whose *detects* says 5.9% would read as a gate that cannot see
+# 5% (tests/ci/test_gate.py's busy loop, beside other work: 1 such pass in 9 at c4bf300).
+SEES_BEYOND = 0.02
 _Z_POWER = statistics.NormalDist().inv_cdf(POWER)
 # Student's t at 1 - ALPHA = 0.99 for 1 .. 30 degrees of freedom (tests/unit/test_benchgate.py checks the table
 # against scipy's); the normal quantile beyond.
@@ -279,19 +283,29 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
                    detects=pairs.detectable(factor))
 
 
-def decided(row: Row, factor: float | None = None) -> bool:
+def decided(row: Row, factor: float | None = None, *, see: bool = False) -> bool:
     """Whether more pairs could change ``row``'s verdict on ``factor`` (default: the row's own floor): False while
-    its bounds straddle the factor (worse, or not, is not yet told apart from noise). Rows without pairs (errors,
-    skips, blind verdicts) are decided."""
+    its bounds straddle the factor (worse, or not, is not yet told apart from noise), and with ``see``, while a pass
+    could not yet see :func:`sees` (interleaved pairs: cheap to take more of). Rows without pairs (errors, skips,
+    blind verdicts) are decided."""
     if row.pairs is None or row.verdict not in (Verdict.SAME, Verdict.WORSE, Verdict.BETTER):
         return True
-    return settled(row.pairs, factor if factor is not None else FACTOR)
+    return settled(row.pairs, factor if factor is not None else FACTOR, see=see)
 
 
-def settled(pairs: Paired, factor: float = FACTOR) -> bool:
-    """Whether ``pairs``' bounds exclude ``factor`` (or show no spread at all): :func:`decided` on the pairs alone."""
+def sees(factor: float = FACTOR) -> float:
+    """The change a pass taken in interleaved pairs must be able to see before it stops: ``factor - 1`` plus
+    ``SEES_BEYOND`` (0.05 at the default factor)."""
+    return factor - 1 + SEES_BEYOND
+
+
+def settled(pairs: Paired, factor: float = FACTOR, *, see: bool = False) -> bool:
+    """Whether ``pairs``' bounds exclude ``factor`` (or show no spread at all): :func:`decided` on the pairs alone.
+    With ``see``, bounds below the factor settle it only once the pairs detect :func:`sees` (``detectable``)."""
     floor = math.log(factor)
-    return pairs.se == 0 or pairs.low > floor or pairs.high < floor
+    if pairs.se == 0 or pairs.low > floor:
+        return True
+    return pairs.high < floor and (not see or pairs.detectable(factor) <= sees(factor) + 1e-12)
 
 
 def _check_factor(factor: float) -> None:

@@ -8,6 +8,14 @@ sets it up (``harness/ci/pairworker.py``), take one sample each in turn: the two
 milliseconds apart, on the same step, and their ratio keeps the change while the step cancels. The order alternates
 (base first, then head first) so that a host drifting one way favours neither side.
 
+The two samples of a pair also run on the same CPU. This host's two vCPUs differ in speed by up to 13% for tens of
+seconds (a loop timed on each in turn: cpu1/cpu0 0.87x to 1.13x, medians of 60 pairs), and an idle worker wakes on
+the CPU it last ran on, so base's and head's processes tend to keep a CPU each: a 5% longer loop measured 1.022x,
+its bounds below the 3% floor (tests/ci/test_gate.py, c4bf300). Before each pair both workers' main threads are
+pinned to one CPU (``os.sched_setaffinity`` on the process id: on Linux, its main thread alone; threads a
+benchmark's library started, such as TensorFlow's pools, keep theirs), the CPU turning every two pairs so each CPU
+sees both orders. Where pinning is not available (not Linux, or refused), the workers run where the system puts them.
+
 :func:`measure` samples until ``decide`` says the pairs are decided (``benchgate.decided``: the bounds exclude the
 gate's factor), checking every ``batch`` pairs from ``min_pairs`` on, or until ``max_pairs`` or ``budget_s`` is
 spent. It returns one :class:`~harness.ci.asvresults.Measurement` per sample and side, pairs in order, for
@@ -105,6 +113,26 @@ class _Worker:
             self._selector.close()
 
 
+def _cpus() -> list[int]:
+    """The CPUs this process may run on, where there are two or more and threads can be pinned; else none."""
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus if len(cpus) > 1 else []
+
+
+def _pin(pids: Sequence[int], cpus: list[int], turn: int) -> list[int]:
+    """Pins the main thread of each of ``pids`` to ``cpus[turn % len(cpus)]``; returns ``cpus``, or none (pinning
+    given up) where the system refuses."""
+    cpu = cpus[turn % len(cpus)]
+    try:
+        for pid in pids:
+            os.sched_setaffinity(pid, {cpu})
+    except OSError:
+        return []
+    return cpus
+
+
 def benchmark_id(config: Path, key: Key) -> tuple[Path, str]:
     """The benchmark folder of the asv project at ``config`` and asv's id of ``key`` in it (``name``, or
     ``name-INDEX`` for a combination of a parametrized benchmark).
@@ -150,8 +178,11 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
             base: list[Measurement] = []
             head: list[Measurement] = []
             start, stopped = time.perf_counter(), "max pairs"
+            cpus = _cpus()
             while len(base) < max_pairs:
                 order = (0, 1) if len(base) % 2 == 0 else (1, 0)
+                if cpus:
+                    cpus = _pin([worker.process.pid for worker in workers], cpus, len(base) // 2)
                 seconds = {}
                 for side in order:
                     seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])

@@ -196,7 +196,8 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
 
             def decide(b, h, key=key) -> bool:
                 return args.no_rerun or benchgate.decided(
-                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs"), args.factor)
+                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs"), args.factor,
+                    see=True)
 
             def progress(said: str, key=key) -> None:
                 print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)

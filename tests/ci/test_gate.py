@@ -354,7 +354,11 @@ def check_busy_loop_5_percent_longer_fails(gate, repo: Path, commits: dict) -> N
     done = _compare(gate, repo, commits["readme"], commits["longer"], *_BUSY_BUDGET)
     assert done.returncode == 1, _said(done)
     (row,) = _rows(done, _BUSY)
-    assert row.mark == "+" and 1.03 < row.ratio < 1.09 and _calibrated(row) <= 0.05, row.line
+    # A worse verdict stops measuring once its lower bound clears the 3% floor (decided): its detects column is the
+    # power at the spread it stopped with, which may be a little above 5% (CI at c4bf300: "5.2%" beside a caught
+    # 1.053x). That the gate can see 5% is the pass's claim, above; here, that 5% is caught, its noise named.
+    _calibrated(row)
+    assert row.mark == "+" and 1.03 < row.ratio < 1.09, row.line
 
 
 def check_busy_loop_raising_is_no_verdict(gate, repo: Path, commits: dict) -> None:

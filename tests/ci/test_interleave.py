@@ -4,6 +4,7 @@ gate. asv's benchmark list is not built here: ``benchmark_id`` is pointed at a f
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -28,8 +29,9 @@ _BENCH = textwrap.dedent('''
             self.side = Path(os.environ["PYTHONPATH"]).name  # the folder of "the commit": base or head
 
         def time_call(self):
+            cpus = ",".join(map(str, sorted(os.sched_getaffinity(0)))) if hasattr(os, "sched_getaffinity") else "-"
             with open(os.environ["PAIR_LOG"], "a") as log:
-                log.write(self.side + "\\n")
+                log.write(f"{self.side} {cpus}\\n")
 
 
     class Broken:
@@ -89,8 +91,14 @@ def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(su
     done = _measure("Logged", targets, decide, min_pairs=20, batch=20)
     assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and looks == [20, 40]
     assert done.number == 1 and all(m.value > 0 for m in done.base + done.head)
-    calls = (folder / "log").read_text().split()
-    assert calls[:6] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
+    calls = [line.split() for line in (folder / "log").read_text().splitlines()]
+    assert [side for side, _ in calls[:6]] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
+    # Both samples of a pair on one CPU, the CPU turning every two pairs (where there are two CPUs to pin to)
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(allowed) > 1:
+        pinned = [(calls[2 * i][1], calls[2 * i + 1][1]) for i in range(40)]
+        assert all(a == b for a, b in pinned), pinned
+        assert [a for a, _ in pinned[:8]] == [str(allowed[(i // 2) % len(allowed)]) for i in range(8)], pinned
 
 
 def test_limits_stop_the_sampling(suite):

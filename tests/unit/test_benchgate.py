@@ -179,3 +179,21 @@ def test_a_commit_that_cannot_be_installed_for_pairs_keeps_its_rounds_verdict_an
     kept = bench._interleave(args, Project(), "a" * 40, "b" * 40, rows, {})
     assert kept[0].verdict is Verdict.WORSE and kept[0].note.startswith("not timed in pairs: installing aaaa")
     assert kept[1] == rows[1]  # not a time_ benchmark: never timed in pairs
+
+
+def test_interleaved_pairs_that_pass_go_on_until_they_could_see_5_percent():
+    # Bounds below the 3% factor settle a pass of rounds; a pass in interleaved pairs (see=True) also needs its
+    # detects at 5% or less: 20 pairs of spread 4% are below the factor but detect more than 5%; 200 such detect less.
+    import random
+
+    from harness.ci.benchgate import sees, settled
+
+    rng = random.Random(5)
+    few = paired([rng.gauss(0, 0.04) for _ in range(20)])
+    many = paired([rng.gauss(0, 0.04) for _ in range(200)])
+    assert sees() == pytest.approx(0.05) and sees(1.1) == pytest.approx(0.12)
+    assert few.high < math.log(1.03) and few.detectable(1.03) > 0.05, few
+    assert settled(few) and not settled(few, see=True)
+    assert many.detectable(1.03) <= 0.05 and settled(many, see=True), many
+    worse = paired([0.1 + rng.gauss(0, 0.04) for _ in range(20)])  # a worse verdict needs no more
+    assert settled(worse, see=True)
