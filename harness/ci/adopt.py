@@ -86,24 +86,33 @@ def matrix_entries(names, path: Path | str | None = None) -> list[Entry]:
     """The docker/matrix.toml entries called ``names`` (default file: the packaged copy), in that order.
 
     Raises:
-        InvalidValue: a name that is no entry; the message names it and lists the known ones.
+        InvalidValue: a name that is no entry (the message names it and lists the known ones), or an entry
+            without TensorFlow (jax011): the files written here install TensorFlow.
     """
     entries = {e.name: e for e in load_matrix(path if path is not None else MATRIX)}
     unknown = [n for n in names if n not in entries]
     if unknown:
         raise InvalidValue(f"matrix entry {unknown[0]!r} is not in harness' docker/matrix.toml "
                            f"(known: {', '.join(entries)})")
+    jax = [n for n in names if not entries[n].has_tensorflow]
+    if jax:
+        raise InvalidValue(f"matrix entry {jax[0]!r} is Keras 3 on JAX without TensorFlow (backend = "
+                           f"{entries[jax[0]].backend!r}); the images, tox env and workflows harness init writes "
+                           "install TensorFlow: name TensorFlow entries (known: "
+                           f"{', '.join(n for n, e in entries.items() if e.has_tensorflow)})")
     if not names:
         raise InvalidValue(f"the project names no matrix entry (known: {', '.join(entries)})")
     return [entries[n] for n in names]
 
 
 def newest_entry(entries: list[Entry]) -> Entry:
-    """The entry flagged newest where it is among them, else the one with the newest TensorFlow (Keras 3 first)."""
+    """The entry flagged newest where it is among them, else the one with the newest TensorFlow (Keras 3 first;
+    entries without TensorFlow only where there is no other)."""
     for entry in entries:
         if entry.newest:
             return entry
-    return max(entries, key=lambda e: (tuple(int(p) for p in e.tensorflow.split(".")), e.keras_major))
+    return max(entries, key=lambda e: (e.has_tensorflow, tuple(int(p) for p in (e.tensorflow or "0").split(".")),
+                                       e.keras_major))
 
 
 def parse_reusable(value: str) -> tuple[str, str]:

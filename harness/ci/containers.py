@@ -514,21 +514,33 @@ def ensure_cpu_base(engine: Engine, cache: Path, want: str = CPU_BASE, log: Log 
                     pull: bool = True) -> str:
     """An image tag to build the CPU variant on: ``want`` if present or pullable, else a debootstrapped Debian.
 
-    The debootstrap root file system is cached as a tarball under ``cache``.
+    The debootstrap root file system is cached as a tarball under ``cache``. It is Debian bookworm's, so it
+    stands in for ``CPU_BASE`` (``debian:bookworm-slim``) only: another base (jax011's ``ubuntu:24.04``, for its
+    Python 3.12) must be in the engine already or come from a registry.
 
     Raises:
-        RuntimeError: when debootstrap fails, or the engine does not import its tarball (naming the tag).
+        RuntimeError: when debootstrap fails, or the engine does not import its tarball (naming the tag); when
+            ``want`` is another base than Debian bookworm's and neither the engine nor a registry has it.
     """
     docker = sdk()
     if _has_image(engine, want):
         return want
+    debian = want == CPU_BASE or want.startswith(f"debian:{_SUITE}")
+    why = "no pull (--no-pull)"
     if pull:
         log(f"pulling {want}")
         try:
             engine.client().images.pull(want)
             return want
         except _errors(docker) as err:
-            log(f"no registry gave {want} ({_why(err)[:300]}); building {DEBIAN_BASE_TAG} with debootstrap")
+            why = f"no registry gave it ({_why(err)[:300]})"
+            if debian:
+                log(f"no registry gave {want} ({_why(err)[:300]}); building {DEBIAN_BASE_TAG} with debootstrap")
+    if not debian:
+        raise Unavailable(f"no base image {want} in the Docker engine at {engine.address}, and {why}; the "
+                          f"debootstrap fallback builds Debian {_SUITE} only, which cannot stand in for it (its "
+                          f"Python differs): load {want} into the engine (docker load, or docker import of a root "
+                          "file system tarball tagged so), or let it reach a registry")
     if _has_image(engine, DEBIAN_BASE_TAG):
         return DEBIAN_BASE_TAG
     tarball = Path(cache) / f"debian-{_SUITE}-minbase.tar"
@@ -593,7 +605,8 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
     wheel = next(dest.glob("keras_harness-*.whl"))
     if offline:
         args = build_args(entry, variant)
-        reqs = [args["TF_REQUIREMENT"]] + ([args["KERAS_REQUIREMENT"]] if args["KERAS_REQUIREMENT"] else [])
+        reqs = args["FRAMEWORK_REQUIREMENT"].split()  # space-separated: jax==X jaxlib==X
+        reqs += [args["KERAS_REQUIREMENT"]] if args["KERAS_REQUIREMENT"] else []
         log(f"filling the wheelhouse {deps} for {' '.join(reqs)} keras-harness[test,bench]")
         _pip(pip + ["wheel", "--wheel-dir", str(deps), "--find-links", str(deps), "--find-links", str(dest), *reqs,
                     f"{wheel}[test,bench]"], "the wheelhouse", log)

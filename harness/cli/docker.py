@@ -14,10 +14,16 @@ Where no registry answers, the Debian base is built with debootstrap. By default
 every package comes from a wheelhouse filled on the host (``--offline``, the
 mode for air-gapped runners); ``--online`` lets pip inside the build use the index.
 
+An entry without TensorFlow (``jax011``: Keras 3 on JAX, Python 3.12 on Ubuntu 24.04) runs what its tox env
+runs, tests/onjax and tests/unit/test_device_check.py, instead of the TensorFlow suite; its Ubuntu base must
+be in the engine or come from a registry (debootstrap builds the Debian base only), and an offline wheelhouse
+needs a host Python 3.12 (``--online`` otherwise).
+
 Examples:
     harness docker test                     # tf221 CPU image: build, `harness env`, fast suite inside
     harness docker test --entry legacy      # TF 2.21 + tf-keras (Keras 2)
     harness docker build --entry tf215 --keep-image
+    harness docker test --entry jax011      # Keras 3 on JAX 0.11, no TensorFlow: tests/onjax inside
 """
 
 from __future__ import annotations
@@ -42,8 +48,17 @@ _SKIPS_MARK = "=== harness docker: the skip report of the suite ==="
 _SUITE_CMD = ("mkdir -p ~/src && tar -C /src --exclude=./.venv --exclude=./.tox --exclude=./.asv "
               "--exclude=./.hypothesis --exclude=./docker/wheelhouse -cf - . | tar -C ~/src -xf - && cd ~/src && "
               "python -m pytest -p no:cacheprovider -q -n {workers} -m 'not docker and not gpu' "
-              "--skip-report ~/skips.jsonl {extra}; status=$?; echo '" + _SKIPS_MARK + "'; "
+              "--skip-report ~/skips.jsonl {paths}{extra}; status=$?; echo '" + _SKIPS_MARK + "'; "
               "cat ~/skips.jsonl 2>/dev/null; exit $status")
+# What an image without TensorFlow runs (the TensorFlow suite cannot even be collected there): the tests of
+# tox.ini's [testenv:jax011] (tests/unit/test_matrix.py keeps the two the same).
+NO_TF_PATHS = ("tests/onjax", "tests/unit/test_device_check.py")
+
+
+def suite_paths(entry) -> tuple[str, ...]:
+    """The test paths ``harness docker test`` runs in ``entry``'s image: the whole tree (``()``) where it has
+    TensorFlow, else ``NO_TF_PATHS``; ``--pytest-args`` paths are added to them."""
+    return () if entry.has_tensorflow else NO_TF_PATHS
 
 
 def add_parser(subparsers) -> None:
@@ -94,7 +109,8 @@ def run(args) -> int:
     work = Path(args.work_dir or Path.home() / ".cache" / "harness" / "docker").resolve()
     tag = image_tag(entry, args.variant)
     report: dict = {"entry": entry.name, "variant": args.variant, "tag": tag, "offline": args.offline,
-                    "tensorflow": entry.tensorflow, "keras": entry.keras, "python": entry.python}
+                    "backend": entry.backend, "tensorflow": entry.tensorflow or None, "jax": entry.jax or None,
+                    "keras": entry.keras, "python": entry.python}
     wall = time.perf_counter()
     # SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so the finally below stops a
     # private engine and removes the image instead of leaving them behind.
@@ -180,7 +196,8 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
     if code != 0:
         raise Failed(f"`harness env` failed in {tag} (exit {code})")
     if args.action == "test":
-        command = _SUITE_CMD.format(workers=args.workers, extra=args.pytest_args)
+        paths = "".join(f"{path} " for path in suite_paths(entry))
+        command = _SUITE_CMD.format(workers=args.workers, paths=paths, extra=args.pytest_args)
         _say(f"fast suite in {tag}: {command.split('&& ')[-1]}")
         # The skips' context: what the image lacks by design (the linters; tf-keras beside Keras 3) is allowed there.
         context = "image" + (" keras2" if entry.keras_major == 2 else "")
@@ -198,9 +215,10 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
 
 def _print_report(report: dict) -> None:
     size = report.get("size_bytes")
+    framework = f"JAX {report['jax']}" if report.get("jax") else f"TensorFlow {report['tensorflow']}"
     rows = [("image", f"{report['tag']} (entry {report['entry']}, {report['variant']}, "
                       f"{'offline wheelhouse' if report['offline'] else 'online'})"),
-            ("versions", f"TensorFlow {report['tensorflow']}, Keras {report['keras']}, Python {report['python']}"),
+            ("versions", f"{framework}, Keras {report['keras']}, Python {report['python']}"),
             ("base", report.get("base", "?")),
             ("engine", f"{'private dockerd' if report.get('engine_started') else 'existing engine'}"
                        f"{' (' + report['storage'] + ' storage)' if report.get('storage') else ''}, Docker "

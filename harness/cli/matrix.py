@@ -26,7 +26,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("matrix", help="run the suites over the tox envs; write the compatibility table",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", help="comma-separated tox envs (default: every matrix entry)")
+    p.add_argument("--envs", help="comma-separated tox envs (default: every matrix entry with TensorFlow)")
     p.add_argument("--suites", default="unit,parallel,upstream",
                    help="comma-separated folders under tests/ (default unit,parallel,upstream)")
     p.add_argument("--from-junit", nargs="+", metavar="XML", help="build the table from these files; run nothing")
@@ -45,8 +45,10 @@ def run(args) -> int:
     if args.from_junit:
         results = [compat_report.read_junit(path) for path in args.from_junit]
     else:
-        known = [e.name for e in load_matrix()]
-        envs = args.envs.split(",") if args.envs else known
+        entries = load_matrix()
+        known = [e.name for e in entries]
+        # An entry without TensorFlow (Keras 3 on JAX) runs only tests/onjax: named, never a default
+        envs = args.envs.split(",") if args.envs else [e.name for e in entries if e.has_tensorflow]
         unknown = [e for e in envs if e not in known and e not in ("py", "gpu")]
         if unknown:
             raise InvalidValue(f"--envs must name matrix tox envs {known}; got {unknown}")
@@ -55,6 +57,10 @@ def run(args) -> int:
         missing = [s for s in suites if not (repo / "tests" / s).is_dir()]
         if missing or not suites:
             raise InvalidValue(f"--suites must name folders under tests/; got {missing or suites}")
+        without_tf = [e.name for e in entries if not e.has_tensorflow and e.name in envs]
+        if without_tf and set(suites) - {"onjax"}:
+            raise InvalidValue(f"--envs {','.join(without_tf)} has no TensorFlow: its suite is onjax alone "
+                               f"(--suites onjax); got --suites {','.join(suites)}")
         out.mkdir(parents=True, exist_ok=True)
         results = [_run_env(env, i, len(envs), suites, repo, out, args) for i, env in enumerate(envs, 1)]
     out.mkdir(parents=True, exist_ok=True)

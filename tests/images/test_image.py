@@ -3,7 +3,8 @@
 Each test uses the engine the Docker SDK for Python reaches (``DOCKER_HOST``, else the default
 socket), or starts a private one (root, dockerd installed) and stops it afterwards; images and
 containers are inspected through the SDK (``keras-harness[ci]``). The entry is ``HARNESS_DOCKER_ENTRY``
-(default: the matrix's newest).
+(default: the matrix's newest; ``jax011`` is Keras 3 on JAX, its base ubuntu:24.04 from a registry or the
+engine, its offline wheelhouse from a host Python 3.12).
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def test_the_image_builds_offline_smokes_and_passes_the_fast_suite_inside(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     report = json.loads(record.read_text())
     labels = report["labels"]
-    assert labels["io.harness.tensorflow"] == entry.tensorflow and labels["io.harness.entry"] == entry.name
+    assert labels["io.harness.tensorflow"] == (entry.tensorflow or "none") and labels["io.harness.entry"] == entry.name
+    assert labels["io.harness.jax"] == (entry.jax or "none") and labels["io.harness.backend"] == entry.backend
     assert labels["io.harness.cuda"] == entry.cuda and labels["io.harness.variant"] == "cpu"
     assert report["user"] == "1000:1000" and report["offline"] is True
-    assert f"tensorflow   {entry.tensorflow} (tensorflow-cpu)" in report["env_output"]
+    if entry.has_tensorflow:
+        assert f"tensorflow   {entry.tensorflow} (tensorflow-cpu)" in report["env_output"]
+    else:  # jax011: Keras 3 on JAX, no TensorFlow in the image
+        assert "tensorflow   not installed" in report["env_output"] and "KERAS_BACKEND=jax" in report["env_output"]
     legacy = entry.env.get("TF_USE_LEGACY_KERAS", "0")
     assert f"TF_USE_LEGACY_KERAS={legacy}" in report["env_output"]
     assert " passed" in report["tests_summary"] and "failed" not in report["tests_summary"]
@@ -115,7 +120,8 @@ def test_an_offline_build_without_the_wheels_fails_and_names_the_missing_package
         args = build_args(entry, "cpu")
         args["BASE_IMAGE"] = containers.ensure_cpu_base(engine, CACHE, args["BASE_IMAGE"])
         args["OFFLINE"] = "1"
-        with pytest.raises(RuntimeError, match="(?s)building harness:guard failed.*tensorflow-cpu"):
+        package = "tensorflow-cpu" if entry.has_tensorflow else "jax"
+        with pytest.raises(RuntimeError, match=f"(?s)building harness:guard failed.*{package}"):
             containers.build_image(engine, context / "Dockerfile", context, "harness:guard", args)
         with pytest.raises(docker.errors.ImageNotFound):
             engine.client().images.get("harness:guard")

@@ -87,6 +87,9 @@ def test_cli_rejects_unknown_envs_and_suites(capsys):
     assert "got ['tf999']" in capsys.readouterr().err
     assert main(["matrix", "--envs", "tf221", "--suites", "nonsense"]) == 2
     assert "got ['nonsense']" in capsys.readouterr().err
+    # The matrix's entry without TensorFlow runs tests/onjax alone
+    assert main(["matrix", "--envs", "tf221,jax011"]) == 2
+    assert "--envs jax011 has no TensorFlow: its suite is onjax alone" in capsys.readouterr().err
 
 
 def test_junit_files_carry_the_versions(tmp_path):

@@ -531,3 +531,55 @@ def test_harness_docker_turns_an_engine_error_into_one_line_naming_the_image(mon
     last = capsys.readouterr().err.splitlines()[-1]
     assert last == (f"harness docker: error: could not start a container of {tag} (harness env): "
                     "OCI runtime create failed: no space left on device (no verdict)")
+
+
+def test_without_a_registry_a_base_other_than_debians_is_refused_naming_it(tmp_path, sdk, monkeypatch):
+    # jax011's CPU base is ubuntu:24.04 (Python 3.12): the debootstrapped Debian bookworm (3.11) cannot stand in.
+    monkeypatch.setattr(containers, "_debootstrap", lambda *a: pytest.fail("debootstrap for an Ubuntu base"))
+    error = sdk.errors.APIError("500 Server Error", explanation="dial tcp: lookup registry-1.docker.io: no such host")
+    client = FakeClient(sdk, images={containers.DEBIAN_BASE_TAG: IMAGE}, pull_error=error)
+    with pytest.raises(RuntimeError, match=r"^no base image ubuntu:24\.04 in the Docker engine at .*no registry gave "
+                                           r"it \(dial tcp.*builds Debian bookworm only"):
+        containers.ensure_cpu_base(_engine(client), tmp_path, "ubuntu:24.04")
+    assert client.events == [("pull", "ubuntu:24.04")]
+    with pytest.raises(RuntimeError, match=r"and no pull \(--no-pull\); the debootstrap fallback"):
+        containers.ensure_cpu_base(_engine(client), tmp_path, "ubuntu:24.04", pull=False)
+    client = FakeClient(sdk, images={"ubuntu:24.04": IMAGE})  # loaded into the engine beforehand: used as it is
+    assert containers.ensure_cpu_base(_engine(client), tmp_path, "ubuntu:24.04", pull=False) == "ubuntu:24.04"
+
+
+def test_an_offline_wheelhouse_of_a_jax_entry_asks_pip_for_jax_jaxlib_and_keras(tmp_path, monkeypatch):
+    entry = {e.name: e for e in load_matrix()}["jax011"]
+    calls: list = []
+
+    def pip(cmd, what, log):
+        calls.append(cmd)
+        if "--no-deps" in cmd:
+            (tmp_path / "wheelhouse" / "keras_harness-1.0-py3-none-any.whl").write_text("")
+
+    monkeypatch.setattr(containers, "_pip", pip)
+    monkeypatch.setattr(containers.sys, "version_info", SimpleNamespace(major=3, minor=12))
+    containers.fill_wheelhouse(tmp_path / "wheelhouse", entry, "gpu", tmp_path, offline=True)
+    assert calls[1][-4:-1] == ["jax[cuda12]==0.11.2", "jaxlib==0.11.2", "keras==3.15.1"]  # then harness[test,bench]
+    monkeypatch.setattr(containers.sys, "version_info", SimpleNamespace(major=3, minor=11))
+    with pytest.raises(RuntimeError, match="an offline wheelhouse for jax011 needs Python 3.12 on the host"):
+        containers.fill_wheelhouse(tmp_path / "wheelhouse", entry, "cpu", tmp_path, offline=True)
+
+
+def test_harness_docker_test_of_the_jax_entry_runs_its_tox_envs_tests_in_the_image(monkeypatch, tmp_path, sdk):
+    entries = {e.name: e for e in load_matrix()}
+    tag = image_tag(entries["jax011"], "cpu")
+    events: list = []
+    smoke = FakeContainer(events, [b"tensorflow   not installed; build info not read\n", b"env KERAS_BACKEND=jax\n"])
+    suite = FakeContainer(events, [b"12 passed in 3.00s\n"])
+    client = FakeClient(sdk, images={tag: IMAGE}, runs=[smoke, suite])
+    _cli_with_fake_engine(monkeypatch, client, tag)
+    record = tmp_path / "report.json"
+    assert main(["docker", "test", "--entry", "jax011", "--work-dir", str(tmp_path / "work"),
+                 "--json", str(record)]) == 0
+    report = json.loads(record.read_text())
+    assert (report["backend"], report["jax"], report["tensorflow"], report["base"]) == ("jax", "0.11.2", None,
+                                                                                        "ubuntu:24.04")
+    command = [e for e in client.events if e[0] == "run"][1][2]
+    assert "HARNESS_SKIP_CONTEXT=image" in command
+    assert "--skip-report ~/skips.jsonl tests/onjax tests/unit/test_device_check.py ;" in command[-1]

@@ -67,6 +67,12 @@ def test_the_legacy_entry_is_keras_2_on_the_newest_tensorflow():
     assert entries["tf215"].keras_major == 2 and entries["tf216"].keras_major == 3
 
 
+_TF = ('[[entry]]\nname = "a"\ntensorflow = "2.21.0"\nkeras = "3"\npython = "3.11"\ncuda = "12.5"\n'
+       'cudnn = "9.3"\ngpu_base = "b"\nnewest = true\n')
+_JAX = ('[[entry]]\nname = "j"\nbackend = "jax"\njax = "0.11.2"\nkeras = "3.15.1"\npython = "3.12"\ncuda = "12.6"\n'
+        'cudnn = "9.10"\ngpu_base = "b"\n')
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -78,6 +84,19 @@ def test_the_legacy_entry_is_keras_2_on_the_newest_tensorflow():
          'cudnn = "9.3"\ngpu_base = "b"\nnewest = true\n', "tensorflow must be a version like 2.21.0; got 'latest'"),
         ('[[entry]]\nname = "a"\ntensorflow = "2.21.0"\nkeras = "3"\npython = "3.11"\ncuda = "12.5"\n'
          'cudnn = "9.3"\ngpu_base = "b"\n', "exactly one entry must say newest"),
+        # the jax entries: no TensorFlow, a JAX version; and the converse
+        (_TF + _JAX.replace('backend = "jax"\n', 'backend = "jax"\ntensorflow = "2.21.0"\n'),
+         "entry 2 \\(j\\): tensorflow must be absent or empty on a backend = 'jax' entry .*got tensorflow = '2.21.0'"),
+        (_TF + _JAX.replace('jax = "0.11.2"\n', ""), "entry 2 \\(j\\): missing jax \\(backend = 'jax'\\)"),
+        (_TF + _JAX.replace('jax = "0.11.2"', 'jax = "latest"'), "entry 2 \\(j\\): jax must be a version like 0.11.2"),
+        (_TF + _JAX.replace('keras = "3.15.1"', 'keras = "tf-keras 2.21.0"'),
+         "entry 2 \\(j\\): keras must be a pinned Keras 3 version like 3.15.1 on a backend = 'jax' entry"),
+        (_TF.replace('tensorflow = "2.21.0"\n', 'tensorflow = "2.21.0"\njax = "0.11.2"\n'),
+         "entry 1 \\(a\\): jax must be absent or empty on a backend = 'tensorflow' entry .*got jax = '0.11.2'"),
+        (_TF.replace('name = "a"\n', 'name = "a"\nbackend = "torch"\n'),
+         "entry 1 \\(a\\): backend must be one of \\['tensorflow', 'jax'\\]; got 'torch'"),
+        (_TF.replace("newest = true\n", "") + _JAX + "newest = true\n",
+         "entry j says newest = true but has backend = 'jax'.*must be a TensorFlow entry"),
     ],
 )
 def test_bad_matrix_files_name_the_problem(tmp_path, text, message):
@@ -146,11 +165,12 @@ def test_build_args_pin_the_variant_and_keras_of_each_entry():
 
     entries = {e.name: e for e in load_matrix()}
     legacy = build_args(entries["legacy"], "gpu")
-    assert legacy["TF_REQUIREMENT"] == "tensorflow[and-cuda]==2.21.0"
+    assert legacy["FRAMEWORK_REQUIREMENT"] == "tensorflow[and-cuda]==2.21.0"
     assert legacy["KERAS_REQUIREMENT"] == "tf-keras==2.21.0" and legacy["TF_USE_LEGACY_KERAS"] == "1"
     assert legacy["BASE_IMAGE"] == entries["legacy"].gpu_base
     tf215 = build_args(entries["tf215"])
-    assert tf215["TF_REQUIREMENT"] == "tensorflow-cpu==2.15.1" and tf215["KERAS_REQUIREMENT"] == ""
+    assert tf215["FRAMEWORK_REQUIREMENT"] == "tensorflow-cpu==2.15.1" and tf215["KERAS_REQUIREMENT"] == ""
+    assert tf215["KERAS_BACKEND"] == "tensorflow" and tf215["JAX"] == "none" and tf215["TENSORFLOW"] == "2.15.1"
     assert tf215["BASE_IMAGE"].startswith("debian:bookworm")
     with pytest.raises(ValueError, match="variant must be one of \\['cpu', 'gpu'\\]; got variant='tpu'"):
         build_args(entries["tf215"], "tpu")
@@ -170,7 +190,55 @@ def test_matrix_module_cli_prints_json_and_build_args(capsys):
     assert main(["json"]) == 0
     assert [e["name"] for e in json.loads(capsys.readouterr().out)] == [e.name for e in load_matrix()]
     assert main(["build-args", "tf221", "--gpu"]) == 0
-    assert "--build-arg=TF_REQUIREMENT=tensorflow[and-cuda]==2.21.0" in capsys.readouterr().out.splitlines()
+    assert "--build-arg=FRAMEWORK_REQUIREMENT=tensorflow[and-cuda]==2.21.0" in capsys.readouterr().out.splitlines()
+    assert main(["build-args", "jax011"]) == 0
+    assert "--build-arg=FRAMEWORK_REQUIREMENT=jax==0.11.2 jaxlib==0.11.2" in capsys.readouterr().out.splitlines()
     with pytest.raises(SystemExit):
         main(["build-args", "tf999"])
     assert "got 'tf999'" in capsys.readouterr().err
+
+
+def test_a_good_jax_entry_loads_beside_a_tensorflow_one(tmp_path):
+    path = tmp_path / "matrix.toml"
+    path.write_text(_TF + _JAX)
+    tf, jax = load_matrix(path)
+    assert (tf.backend, tf.has_tensorflow, tf.jax, tf.tf_minor) == ("tensorflow", True, "", "2.21")
+    assert (jax.backend, jax.has_tensorflow, jax.tensorflow, jax.tf_minor) == ("jax", False, "", "")
+    assert (jax.framework, tf.framework) == ("JAX 0.11.2", "TensorFlow 2.21.0")
+
+
+def test_the_jax_entry_is_keras_3_on_jax_without_tensorflow_in_its_tox_env_and_images():
+    from harness.ci.matrix import build_args
+
+    entries = {e.name: e for e in load_matrix()}
+    jax = entries["jax011"]
+    assert (jax.backend, jax.jax, jax.tensorflow, jax.keras, jax.python) == ("jax", "0.11.2", "", "3.15.1", "3.12")
+    assert tox_deps(jax) == ["keras==3.15.1", "jax==0.11.2", "jaxlib==0.11.2"]  # tox.ini's [testenv:jax011] order
+    assert not jax.newest and newest(list(entries.values())).name == "tf221"  # asv and tox's default stay on TF
+    cpu, gpu = build_args(jax, "cpu"), build_args(jax, "gpu")
+    assert cpu["FRAMEWORK_REQUIREMENT"] == "jax==0.11.2 jaxlib==0.11.2" and cpu["KERAS_REQUIREMENT"] == "keras==3.15.1"
+    assert gpu["FRAMEWORK_REQUIREMENT"] == "jax[cuda12]==0.11.2 jaxlib==0.11.2"
+    for args in (cpu, gpu):
+        assert (args["KERAS_BACKEND"], args["TENSORFLOW"], args["JAX"], args["PYTHON"]) == ("jax", "none", "0.11.2",
+                                                                                          "3.12")
+    # Python 3.12: Ubuntu 24.04 has it (Debian bookworm, the TensorFlow entries' CPU base, has 3.11), on both variants
+    assert cpu["BASE_IMAGE"] == "ubuntu:24.04" == build_args(jax, "cpu", cpu_base="${CPU_BASE}")["BASE_IMAGE"]
+    assert gpu["BASE_IMAGE"] == jax.gpu_base and jax.gpu_base.startswith(f"nvidia/cuda:{jax.cuda}.")
+    assert jax.gpu_base.endswith("-base-ubuntu24.04")
+    assert build_args(entries["tf221"], "cpu", cpu_base="${CPU_BASE}")["BASE_IMAGE"] == "${CPU_BASE}"
+
+
+def test_harness_docker_runs_in_a_jax_image_what_the_jax_tox_env_runs():
+    # The TensorFlow suite cannot be collected without TensorFlow: the image of a jax entry runs its tox env's tests.
+    from harness.cli.docker import NO_TF_PATHS, suite_paths
+
+    tox, entries = _tox(), {e.name: e for e in load_matrix()}
+    command = tox["testenv:jax011"]["commands"].split()
+    assert [arg for arg in command if arg.startswith("tests/")] == list(NO_TF_PATHS)
+    assert suite_paths(entries["jax011"]) == NO_TF_PATHS and suite_paths(entries["tf221"]) == ()
+
+
+def test_the_dockerfile_makes_keras_backend_the_images_environment():
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "    KERAS_BACKEND=${KERAS_BACKEND} \\\n" in text and 'io.harness.jax="${JAX}"' in text
+    assert 'read -ra framework <<< "${FRAMEWORK_REQUIREMENT}"' in text and "TF_REQUIREMENT" not in text

@@ -136,12 +136,17 @@ def ci_matrix_problems(text: str) -> list[str]:
 
 
 def scheduled_matrix_problems(text: str) -> list[str]:
-    """slow.yml: every docker/matrix.toml entry's tox env, with the extended tests and the skip check; the
-    compatibility table written from their JUnit files."""
+    """slow.yml: every TensorFlow docker/matrix.toml entry's tox env, with the extended tests and the skip check;
+    the compatibility table written from their JUnit files. A jax entry (Keras 3 on JAX, Python 3.12: its tox env
+    runs tests/onjax only) runs in ci.yml's jax job instead (``jax_entry_problems``)."""
     workflow = _load(text)
     job = workflow["jobs"].get("matrix", {})
     envs = job.get("strategy", {}).get("matrix", {}).get("env", [])
-    problems = [f"the matrix entry {e.name} has no scheduled run" for e in load_matrix() if e.name not in envs]
+    entries = load_matrix()
+    problems = [f"the matrix entry {e.name} has no scheduled run" for e in entries
+                if e.has_tensorflow and e.name not in envs]
+    problems += [f"the jax entry {e.name} is in the TensorFlow matrix job (Python 3.11, the whole suite)"
+                 for e in entries if not e.has_tensorflow and e.name in envs]
     runs = " ".join(str(step.get("run", "")) for step in job.get("steps", []))
     problems += [f"the matrix job's runs lack {flag}"
                  for flag in ("--run-extended", "--run-timing", "--skip-report", "check-skips") if flag not in runs]
@@ -151,10 +156,37 @@ def scheduled_matrix_problems(text: str) -> list[str]:
     return problems
 
 
+def jax_entry_problems(text: str) -> list[str]:
+    """ci.yml: each jax entry's tox env (its extended tests in its command) runs in the jax job, on its Python, with
+    the skip check."""
+    job = _load(text)["jobs"].get("jax", {})
+    steps = job.get("steps", [])
+    runs = " ".join(str(step.get("run", "")) for step in steps)
+    pythons = [str(step.get("with", {}).get("python-version")) for step in steps
+               if str(step.get("uses", "")).startswith("actions/setup-python@")]
+    problems = []
+    for entry in (e for e in load_matrix() if not e.has_tensorflow):
+        if f"tox -e {entry.name}" not in runs:
+            problems.append(f"the jax entry {entry.name} does not run in ci.yml's jax job")
+        if pythons != [entry.python]:
+            problems.append(f"ci.yml's jax job sets up Python {pythons}; the jax entry {entry.name} is {entry.python}")
+    return problems + ([] if "check-skips" in runs else ["ci.yml's jax job does not check its skips"])
+
+
 def gpu_matrix_problems(text: str) -> list[str]:
-    """gpu.yml's jobs: one per entry of `python -m harness.ci.matrix json`, on the self-hosted GPU runners."""
+    """gpu.yml's jobs: one per entry of `python -m harness.ci.matrix json`, on the self-hosted GPU runners; a jax
+    entry's job (no TensorFlow in its image) runs tests/onjax, not the TensorFlow suite and zoo."""
     problems = [] if "python -m harness.ci.matrix json" in text else ["the matrix does not come from harness.ci.matrix"]
     gpu = _load(text)["jobs"].get("gpu", {})
+    if any(not e.has_tensorflow for e in load_matrix()):
+        steps = {str(step.get("name", "")): step for step in gpu.get("steps", [])}
+        suite = next((step for name, step in steps.items() if name.startswith("pytest in")), {})
+        zoo = next((step for name, step in steps.items() if name.startswith("whole model zoo")), {})
+        if gpu.get("env", {}).get("BACKEND") != "${{ matrix.entry.backend }}" or "tests/onjax" not in str(
+                suite.get("run", "")):
+            problems.append("the gpu job does not run tests/onjax for the matrix's jax entries")
+        if "matrix.entry.backend != 'jax'" not in str(zoo.get("if", "")):
+            problems.append("the gpu job runs the TensorFlow zoo for the matrix's jax entries")
     entry = str(gpu.get("strategy", {}).get("matrix", {}).get("entry", ""))
     if gpu.get("needs") != "matrix" or not _FROM_MATRIX_JOB.fullmatch(entry):
         problems.append("the gpu job's matrix is not fromJSON(needs.matrix.outputs.entries)")
@@ -210,6 +242,10 @@ def test_gpu_jobs_come_from_the_matrix_file():
     assert gpu_matrix_problems(_text("gpu.yml")) == []
 
 
+def test_the_jax_entries_run_in_cis_jax_job():
+    assert jax_entry_problems(_text("ci.yml")) == []
+
+
 @pytest.mark.parametrize(
     ("guard", "name", "old", "new", "found"),
     [
@@ -226,6 +262,12 @@ def test_gpu_jobs_come_from_the_matrix_file():
         (gpu_matrix_problems, "gpu.yml", "fromJSON(needs.matrix.outputs.entries)", "fromJSON('[]')", "fromJSON"),
         (gpu_matrix_problems, "gpu.yml", "runs-on: [self-hosted, linux, x64, gpu]", "runs-on: ubuntu-latest",
          "ubuntu-latest"),
+        (gpu_matrix_problems, "gpu.yml", "paths=(tests/onjax tests/unit/test_device_check.py)", "paths=()",
+         "does not run tests/onjax"),
+        (gpu_matrix_problems, "gpu.yml", " && matrix.entry.backend != 'jax' }}", " }}", "TensorFlow zoo"),
+        (scheduled_matrix_problems, "slow.yml", "tf221, legacy]", "tf221, legacy, jax011]", "jax entry jax011 is in"),
+        (jax_entry_problems, "ci.yml", 'tox -e jax011 --', 'tox -e jax010 --', "jax011 does not run"),
+        (jax_entry_problems, "ci.yml", 'python-version: "3.12"', 'python-version: "3.11"', "jax011 is 3.12"),
     ],
 )
 def test_the_matrix_guards_report_a_planted_problem(guard, name, old, new, found):
