@@ -11,10 +11,12 @@ milliseconds apart, on the same step, and their ratio keeps the change while the
 The two samples of a pair also run on the same CPU. This host's two vCPUs differ in speed by up to 13% for tens of
 seconds (a loop timed on each in turn: cpu1/cpu0 0.87x to 1.13x, medians of 60 pairs), and an idle worker wakes on
 the CPU it last ran on, so base's and head's processes tend to keep a CPU each: a 5% longer loop measured 1.022x,
-its bounds below the 3% floor (tests/ci/test_gate.py, c4bf300). Before each pair both workers' main threads are
-pinned to one CPU (``os.sched_setaffinity`` on the process id: on Linux, its main thread alone; threads a
-benchmark's library started, such as TensorFlow's pools, keep theirs), the CPU turning every two pairs so each CPU
-sees both orders. Where pinning is not available (not Linux, or refused), the workers run where the system puts them.
+its bounds below the 3% floor (tests/ci/test_gate.py, c4bf300). The first sample of a pair runs where the system
+puts it; the second worker's main thread is then pinned to the CPU the first one ran on, and unpinned after its
+sample (``os.sched_setaffinity`` on the process id: on Linux, its main thread alone; threads a benchmark's library
+started, such as TensorFlow's pools, keep theirs). Pinning both to a fixed CPU instead made it worse beside a busy
+process: the pair was forced onto the busy CPU, and the 5% loop measured 1.010-1.020x in 3 runs of 3 beside one CPU
+hog. Where pinning is not available (not Linux, or refused), the workers run where the system puts them.
 
 :func:`measure` samples until ``decide`` says the pairs are decided (``benchgate.decided``: the bounds exclude the
 gate's factor), checking every ``batch`` pairs from ``min_pairs`` on, or until ``max_pairs`` or ``budget_s`` is
@@ -121,14 +123,18 @@ def _cpus() -> list[int]:
     return cpus if len(cpus) > 1 else []
 
 
-def _pin(pids: Sequence[int], cpus: list[int], turn: int) -> list[int]:
-    """Pins the main thread of each of ``pids`` to ``cpus[turn % len(cpus)]``; returns ``cpus``, or none (pinning
-    given up) where the system refuses."""
-    cpu = cpus[turn % len(cpus)]
+def _follow(pid: int, leader: int | None, cpus: list[int]) -> list[int]:
+    """Pins the main thread of ``pid`` to the CPU ``leader``'s main thread last ran on (``/proc/PID/stat``'s
+    ``processor``), or with ``leader`` None back to all of ``cpus``; returns ``cpus``, or none (following given up)
+    where the system refuses or says nothing."""
     try:
-        for pid in pids:
+        if leader is None:
+            os.sched_setaffinity(pid, cpus)
+        else:
+            stat = Path(f"/proc/{leader}/stat").read_text()
+            cpu = int(stat[stat.rindex(")") + 2:].split()[36])  # field 39; the command name may hold spaces
             os.sched_setaffinity(pid, {cpu})
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return []
     return cpus
 
@@ -181,11 +187,13 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
             cpus = _cpus()
             while len(base) < max_pairs:
                 order = (0, 1) if len(base) % 2 == 0 else (1, 0)
-                if cpus:
-                    cpus = _pin([worker.process.pid for worker in workers], cpus, len(base) // 2)
                 seconds = {}
                 for side in order:
                     seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
+                    if cpus and side == order[0]:  # the second sample where the first ran
+                        cpus = _follow(workers[order[1]].process.pid, workers[side].process.pid, cpus)
+                if cpus:
+                    cpus = _follow(workers[order[1]].process.pid, None, cpus)
                 base.append(Measurement(name, params, unit, seconds[0]))
                 head.append(Measurement(name, params, unit, seconds[1]))
                 if len(base) >= min_pairs and len(base) % batch == 0:
