@@ -128,7 +128,7 @@ def _entry(item: dict, where: str) -> Entry:
     backend = item.get("backend", "tensorflow")
     if backend not in BACKENDS:
         raise InvalidValue(f"{where}: backend must be one of {list(BACKENDS)}; got {backend!r}")
-    framework = "tensorflow" if backend == "tensorflow" else "jax"
+    framework = backend  # the field that pins it: tensorflow or jax
     required = ("name", framework, "keras", "python", "cuda", "cudnn", "gpu_base")
     missing = [k for k in required if k not in item or item[k] == ""]
     if missing:

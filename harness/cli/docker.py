@@ -109,7 +109,8 @@ def run(args) -> int:
     work = Path(args.work_dir or Path.home() / ".cache" / "harness" / "docker").resolve()
     tag = image_tag(entry, args.variant)
     report: dict = {"entry": entry.name, "variant": args.variant, "tag": tag, "offline": args.offline,
-                    "backend": entry.backend, "tensorflow": entry.tensorflow or None, "jax": entry.jax or None,
+                    "backend": entry.backend, "framework": entry.framework,
+                    "tensorflow": entry.tensorflow or None, "jax": entry.jax or None,
                     "keras": entry.keras, "python": entry.python}
     wall = time.perf_counter()
     # SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so the finally below stops a
@@ -215,10 +216,9 @@ def _build_and_check(args, engine, entry, tag, repo, work, report) -> None:
 
 def _print_report(report: dict) -> None:
     size = report.get("size_bytes")
-    framework = f"JAX {report['jax']}" if report.get("jax") else f"TensorFlow {report['tensorflow']}"
     rows = [("image", f"{report['tag']} (entry {report['entry']}, {report['variant']}, "
                       f"{'offline wheelhouse' if report['offline'] else 'online'})"),
-            ("versions", f"{framework}, Keras {report['keras']}, Python {report['python']}"),
+            ("versions", f"{report['framework']}, Keras {report['keras']}, Python {report['python']}"),
             ("base", report.get("base", "?")),
             ("engine", f"{'private dockerd' if report.get('engine_started') else 'existing engine'}"
                        f"{' (' + report['storage'] + ' storage)' if report.get('storage') else ''}, Docker "
