@@ -11,7 +11,12 @@ shutdown (atexit, non-daemon threads). TensorFlow's runtime starts in the child:
 a TensorFlow context, so each child sets up its own devices, threads and Keras.
 
 A zygote serves one environment, less the variables read after start-up (``LATE_ENV``): a run in another
-(``TF_USE_LEGACY_KERAS=1``, another ``CUDA_VISIBLE_DEVICES``) forks from a zygote of its own. A ``fresh=True`` run
+(``TF_USE_LEGACY_KERAS=1``, another ``CUDA_VISIBLE_DEVICES``) forks from a zygote of its own. It serves one set of
+imports too: ``TENSORFLOW`` (numpy and TensorFlow, the default) or ``JAX`` (numpy, JAX and Keras, for the runs of
+tests/onjax/jax_process.py with ``KERAS_BACKEND=jax``: ~1.9 s of import each on this project's 2-core host, and no
+TensorFlow, which the zygote checks it did not import, so that those runs' guard against TensorFlow still sees every
+import). JAX starts its backend in the child too, at the first device a child asks for: ``XLA_FLAGS`` (the number of
+CPU devices) is read then, so it is late for the JAX zygote. A ``fresh=True`` run
 (a test of what a command imports) and every run under ``HARNESS_TEST_NO_ZYGOTE=1`` (to compare, or to rule the
 zygote out when a test fails) is a plain ``subprocess.run``.
 """
@@ -32,11 +37,18 @@ from collections.abc import Mapping, Sequence
 # Variables read after start-up (by harness, by a strategy), so a forked child may set them itself; any other
 # difference from a zygote's environment gets a zygote of its own. (TF_USE_LEGACY_KERAS is not one of these:
 # TensorFlow's import reads it.)
-LATE_ENV = frozenset({"HARNESS_RESULTS_DIR", "TF_CONFIG", "COLUMNS"})
+LATE_ENV = frozenset({"HARNESS_RESULTS_DIR", "TF_CONFIG", "COLUMNS", "PYTEST_CURRENT_TEST"})
+
+TENSORFLOW = ("numpy", "tensorflow")
+JAX = ("numpy", "jax", "keras")  # with KERAS_BACKEND=jax in the environment; no JAX backend is started by these
+_LATE_FOR = {JAX: frozenset({"XLA_FLAGS"})}  # read at the JAX backend's start, in the child
 
 _SERVE = r"""
 import json, os, sys
-import numpy, tensorflow  # the import each child is spared; no context is created here
+for _name in sys.argv[1:]:  # the imports each child is spared; no TensorFlow context or JAX backend is made here
+    __import__(_name)
+if "tensorflow" not in sys.argv[1:] and "tensorflow" in sys.modules:
+    sys.exit("tf_zygote: importing " + ", ".join(sys.argv[1:]) + " imported TensorFlow too")
 import gc; gc.freeze()  # the imports' objects out of every child's collections (timing, nothing else)
 requests, replies = sys.stdin.buffer, sys.stdout.buffer
 while True:
@@ -83,12 +95,13 @@ _become(job)
 class _Zygote:
     """One serving process per test process; runs one child at a time (a test process runs one test)."""
 
-    def __init__(self, env: Mapping[str, str]):
+    def __init__(self, env: Mapping[str, str], preload: tuple[str, ...] = TENSORFLOW):
         self.env = dict(env)
+        self.preload = preload
         self.lock = threading.Lock()
         self.pending = b""  # read from the zygote, not yet taken
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     env=self.env, bufsize=0)
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE, *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=self.env, bufsize=0)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -106,7 +119,7 @@ class _Zygote:
                 raise TimeoutError
             chunk = os.read(out.fileno(), 64)
             if not chunk:
-                raise RuntimeError(f"the TensorFlow zygote exited ({self.proc.wait()})")
+                raise RuntimeError(f"the zygote of {', '.join(self.preload)} exited ({self.proc.wait()})")
             self.pending += chunk
         line, self.pending = self.pending.split(b"\n", 1)
         return int(line)
@@ -145,11 +158,13 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 _zygotes: dict[tuple, _Zygote] = {}
 
 
-def _zygote(env: Mapping[str, str]) -> _Zygote:
-    key = tuple(sorted((k, v) for k, v in env.items() if k not in LATE_ENV))
+def _zygote(env: Mapping[str, str], preload: tuple[str, ...] = TENSORFLOW) -> _Zygote:
+    late = LATE_ENV | _LATE_FOR.get(preload, frozenset())
+    served = {k: v for k, v in env.items() if k not in late}
+    key = (preload, tuple(sorted(served.items())))
     zygote = _zygotes.get(key)
     if zygote is None or not zygote.alive():
-        zygote = _zygotes[key] = _Zygote({k: v for k, v in env.items() if k not in LATE_ENV})
+        zygote = _zygotes[key] = _Zygote(served, preload)
     return zygote
 
 
@@ -165,8 +180,9 @@ def forking() -> bool:
 
 
 def python(argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None = None, cwd: str | None = None,
-        fresh: bool = False) -> subprocess.CompletedProcess:
-    """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)``, forked where it can be.
+        fresh: bool = False, preload: tuple[str, ...] = TENSORFLOW) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *argv], capture_output=True, text=True, ...)``, forked where it can be,
+    from a zygote that imported ``preload`` (``TENSORFLOW`` or ``JAX``).
 
     ``argv`` is ``["-c", CODE, ARGS...]`` or ``["-m", MODULE, ARGS...]``. Raises ``subprocess.TimeoutExpired``
     as ``subprocess.run`` does, after killing the child's process group.
@@ -175,7 +191,7 @@ def python(argv: Sequence[str], *, env: Mapping[str, str], timeout: float | None
     if fresh or not forking() or argv[:1] not in (["-c"], ["-m"]) or len(argv) < 2:
         return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout,
                               env=dict(env), cwd=cwd)
-    zygote = _zygote(env)
+    zygote = _zygote(env, preload)
     with tempfile.TemporaryDirectory(prefix="harness-zygote-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         for path in (out, err):

@@ -72,3 +72,24 @@ def test_an_environment_tensorflow_reads_at_import_gets_a_zygote_of_its_own():
     assert python(["-c", code], env=ENV, timeout=120).stdout == f"{own}\n"
     assert python(["-c", code], env={**ENV, "TF_USE_LEGACY_KERAS": other}, timeout=120).stdout == f"{other}\n"
     assert len(set(map(id, _zygotes.values())) - before) == 1 + (not before)
+
+
+def test_a_jax_zygote_serves_every_device_count_and_imports_no_tensorflow():
+    """tests/onjax's processes fork from a zygote of numpy, JAX and Keras: JAX's backend starts in each child, so
+    one zygote serves every XLA_FLAGS device count, and nothing it imported brought TensorFlow in (the children's
+    guard against TensorFlow would not see a module already there). Planted: XLA_FLAGS not late, or the backend
+    started in the zygote, gives the second child the first one's 3 devices."""
+    pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
+    from tf_zygote import JAX
+
+    code = "import sys, jax; print(len(jax.devices()), 'tensorflow' in sys.modules, 'keras' in sys.modules)"
+    env = {**ENV, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    seen = []
+    for devices in (3, 2):
+        done = python(["-c", code], env={**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
+                      timeout=120, preload=JAX)
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen.append(done.stdout.split())
+    assert seen == [["3", "False", "True"], ["2", "False", "True"]]  # keras: forked from the zygote that has it
+    assert sum(key[0] == JAX for key in _zygotes) == 1
