@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from tf_zygote import ENV, _zygotes, forking, python
+from tf_zygote import ENV, _zygote, _zygotes, forking, python
 
 pytestmark = pytest.mark.skipif(not forking(), reason="the zygote forks: Linux hosts, HARNESS_TEST_NO_ZYGOTE unset")
 
@@ -85,11 +85,11 @@ def test_a_jax_zygote_serves_every_device_count_and_imports_no_tensorflow():
     code = "import sys, jax; print(len(jax.devices()), 'tensorflow' in sys.modules, 'keras' in sys.modules)"
     env = {**ENV, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     env.pop("TF_USE_LEGACY_KERAS", None)
+    envs = [{**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"} for devices in (3, 2)]
     seen = []
-    for devices in (3, 2):
-        done = python(["-c", code], env={**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
-                      timeout=120, preload=JAX)
+    for each in envs:
+        done = python(["-c", code], env=each, timeout=120, preload=JAX)
         assert done.returncode == 0, done.stderr[-3000:]
         seen.append(done.stdout.split())
     assert seen == [["3", "False", "True"], ["2", "False", "True"]]  # keras: forked from the zygote that has it
-    assert sum(key[0] == JAX for key in _zygotes) == 1
+    assert _zygote(envs[0], JAX) is _zygote(envs[1], JAX)  # one zygote for both (others: this worker's other tests)
