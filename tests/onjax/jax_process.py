@@ -33,8 +33,7 @@ block_tensorflow(lambda name, stack: sys.stderr.write({ATTEMPT!r} + name + chr(1
 # programs the tests compile again and again (one model's step in test after test, run after run) are read back
 # instead of compiled by XLA anew. The cache's key holds the program, the compile options, XLA_FLAGS and the JAX and
 # jaxlib versions, so a changed program or device count compiles afresh; what runs is the executable XLA made, so no
-# result changes. tests/onjax alone (pytest -n 2, idle, on this project's 2-core host): 102 s without the zygote or
-# the cache, 89 s with the zygote, 77 s with both from an empty cache and 31 s with a warm one. Every entry is cached
+# result changes (what it saves: docs/design.md, beside the zygote's figures). Every entry is cached
 # (no minimum compile time or size); the size bound (its LRU eviction) brings JAX's file lock, which keeps the two
 # xdist workers from reading an entry the other is writing: without filelock, no cache. A JAX_COMPILATION_CACHE_DIR
 # of the caller's own is kept; HARNESS_TEST_JAX_CACHE=0 turns it off.

@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from tf_zygote import ENV, _zygote, _zygotes, forking, python
+from tf_zygote import ENV, JAX, _zygote, _zygotes, forking, python
 
 pytestmark = pytest.mark.skipif(not forking(), reason="the zygote forks: Linux hosts, HARNESS_TEST_NO_ZYGOTE unset")
 
@@ -77,10 +77,9 @@ def test_an_environment_tensorflow_reads_at_import_gets_a_zygote_of_its_own():
 def test_a_jax_zygote_serves_every_device_count_and_imports_no_tensorflow():
     """tests/onjax's processes fork from a zygote of numpy, JAX and Keras: JAX's backend starts in each child, so
     one zygote serves every XLA_FLAGS device count, and nothing it imported brought TensorFlow in (the children's
-    guard against TensorFlow would not see a module already there). Planted: XLA_FLAGS not late, or the backend
-    started in the zygote, gives the second child the first one's 3 devices."""
+    guard against TensorFlow would not see a module already there). Planted, XLA_FLAGS not late: each device count
+    gets a zygote of its own, and the last assertion fails."""
     pytest.importorskip("jax", reason="jax: install harness' [jax] extra (scripts/dev-env.sh does)")
-    from tf_zygote import JAX
 
     code = "import sys, jax; print(len(jax.devices()), 'tensorflow' in sys.modules, 'keras' in sys.modules)"
     env = {**ENV, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
