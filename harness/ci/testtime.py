@@ -9,6 +9,7 @@ the steps against a budget file (TOML)::
     probe_s = 0.60         # probe_host(workers=2) on the host the budgets were set on
     probe_workers = 2      # the worker count of that probe (default 1: a file from before it had one)
     fail_factor = 1.5      # a step fails only beyond fail_factor x its budget (noise never trips it)
+    probe_exponent = 0.5   # how far the steps follow the probe (default 1: in proportion)
 
     [steps.quick]
     seconds = 480
@@ -16,7 +17,10 @@ the steps against a budget file (TOML)::
 
 A budget is seconds on the reference host. On another host every budget is scaled by the same factor, this host's
 probe over the reference's: a slower host (its probe takes longer) gets more, a faster one less, so a step that
-doubles fails on either; the factor never goes below ``SCALE_FLOOR``. The probe runs in as many processes at once
+doubles fails on either; the factor never goes below ``SCALE_FLOOR``. The factor is the probes' ratio raised to
+``probe_exponent``: 1 (the default) where the steps' times follow the probe in proportion; below 1 where they were
+measured to move less far than the probe between hosts (a suite whose time is partly imports, waits and native
+code, beside a pure-Python probe). The probe runs in as many processes at once
 as the steps' own workers (``pytest -n 2``): two cores that are one core's hyper-threads, or that another load
 shares, read as slow as the steps find them. The verdict is about the suite, not about the machine it ran on.
 Framework-neutral: the standard library only.
@@ -102,13 +106,15 @@ class Budgets:
     fail_factor: float
     total_s: float | None = None
     probe_workers: int = 1
+    probe_exponent: float = 1.0
 
     def scale(self, probe_s: float | None) -> float:
         """This host's time over the reference host's, from its probe ``probe_s`` (taken with ``probe_workers``):
-        above 1 on a slower host, below on a faster one, never below ``SCALE_FLOOR``; 1 without a probe."""
+        ``(probe_s / the reference's) ** probe_exponent``, above 1 on a slower host, below on a faster one, never below
+        ``SCALE_FLOOR``; 1 without a probe."""
         if probe_s is None or probe_s <= 0:
             return 1.0
-        return max(SCALE_FLOOR, probe_s / self.probe_s)
+        return max(SCALE_FLOOR, (probe_s / self.probe_s) ** self.probe_exponent)
 
 
 @dataclass(frozen=True)
@@ -229,9 +235,13 @@ def read_budgets(path: str | Path) -> Budgets:
         budgets[name] = Budget(name, _positive(table.get("seconds"), f"{path}: [steps.{name}] seconds"),
                                str(table.get("what", "")))
     total = host.get("total_s")
+    exponent = host.get("probe_exponent", 1.0)
+    if isinstance(exponent, bool) or not isinstance(exponent, int | float) or not 0 < exponent <= 1:
+        raise InvalidValue(f"{path}: [host] probe_exponent must be in (0, 1] (1: the steps follow the probe in "
+                           f"proportion); got {exponent!r}")
     return Budgets(str(path), budgets, probe, factor,
                    None if total is None else _positive(total, f"{path}: [host] total_s"),
-                   _workers(host.get("probe_workers", 1), f"{path}: [host] probe_workers"))
+                   _workers(host.get("probe_workers", 1), f"{path}: [host] probe_workers"), float(exponent))
 
 
 def _workload() -> None:
@@ -438,10 +448,12 @@ def budget_line(label: str, wall_s: float, budget: Budget | None, budgets: Budge
     if probe_s is None or probe_s <= 0:
         line = f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s unscaled (no probe of this host) {where}"
     else:
-        floor = "the floor; " if scale == SCALE_FLOOR and probe_s / budgets.probe_s < SCALE_FLOOR else ""
+        floor = ("the floor; " if scale == SCALE_FLOOR
+                 and (probe_s / budgets.probe_s) ** budgets.probe_exponent < SCALE_FLOOR else "")
+        power = "" if budgets.probe_exponent == 1 else f", their ratio to the power {budgets.probe_exponent:g}"
         line = (f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s x {scale:.2f} ({floor}this host's probe "
                 f"{probe_s:.3f} s vs reference {budgets.probe_s:.3f} s, {budgets.probe_workers} "
-                f"worker{'s' if budgets.probe_workers > 1 else ''}) = {budget.seconds * scale:.0f} s {where}")
+                f"worker{'s' if budgets.probe_workers > 1 else ''}{power}) = {budget.seconds * scale:.0f} s {where}")
     limit = budget.seconds * scale * budgets.fail_factor
     if wall_s > limit:
         line += f"; OVER {limit:.0f} s ({budgets.fail_factor:g} x the scaled budget), where .ci/run fails"

@@ -5,12 +5,10 @@ models with the ``keras`` package, whichever generation it is. Keras 2 refusals 
 ``keras2``.
 """
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from keras_models import METHODS, build, data, dense_bn, is_keras2
+from tf_zygote import ENV, python
 
 import harness
 from harness.bench.workloads import small
@@ -250,5 +248,5 @@ def test_logical_devices_after_tf_start_is_a_clear_error():
         "except RuntimeError as e:\n"
         "    print('ERR', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = python(["-c", code], env=ENV, timeout=300)  # forked from a zygote that imported TensorFlow, started nothing
     assert "ERR TensorFlow is already initialised with 1 logical CPU" in out.stdout, out.stderr[-2000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tf_zygote import ENV, python
 
 from harness.launch import launch
 
@@ -161,11 +162,8 @@ def test_harness_check_workers_launches_its_own_workers(capsys):
 
 
 def test_use_cluster_without_tf_config_says_how_to_start_workers():
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    done = subprocess.run([sys.executable, "-c", "import harness; harness.use_cluster()"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in ENV.items() if k != "TF_CONFIG"}  # forked from the test process' TensorFlow zygote
+    done = python(["-c", "import harness; harness.use_cluster()"], env=env, timeout=120)
     assert done.returncode != 0
     assert ("harness.errors.InvalidValue: TF_CONFIG is not set: start the workers with `harness launch --workers N -- "
             "...`") in done.stderr

@@ -92,6 +92,29 @@ def test_a_faster_host_lowers_the_budget_so_a_step_that_doubled_fails_there(file
         "(1.5 x the scaled budget), where .ci/run fails")
 
 
+def test_a_budget_follows_the_probe_as_far_as_its_exponent_says(files):
+    """A suite whose time moves as the square root of the probe's (measured between two hosts, .ci/test-budget.toml)
+    keeps one share of its budget on either host with ``probe_exponent = 0.5``; the planted defect, the probe
+    followed in proportion (the default, 1), fails it on the faster host and lets it double unseen on the slower."""
+    (files / "half.toml").write_text(BUDGET.replace("fail_factor", "probe_exponent = 0.5\nfail_factor"))
+    half, whole = testtime.read_budgets(files / "half.toml"), testtime.read_budgets(files / "budget.toml")
+    assert (half.probe_exponent, whole.probe_exponent) == (0.5, 1.0)
+
+    def over(budgets, wall, probe):
+        return testtime.judge([testtime.Step("quick", wall, 0, probe_s=probe)], budgets)[0].over
+
+    for ratio in (0.49, 2.56):  # hosts whose suite takes 0.7 x and 1.6 x the reference's time, their probe that squared
+        usual = 45 * ratio ** 0.5  # the step at 45 s on the reference host (its limit: 40 s x 1.5 = 60 s)
+        assert not over(half, usual, 0.1 * ratio) and over(half, 2 * usual, 0.1 * ratio)
+    assert over(whole, 45 * 0.7, 0.049)  # 31.5 s against 40 x 0.49 x 1.5 = 29.4 s: a red light for the host's speed
+    assert not over(whole, 2 * 45 * 1.6, 0.256)  # 144 s, doubled, under 40 x 2.56 x 1.5 = 153.6 s: unseen
+    assert testtime.judge([testtime.Step("quick", 1, 0, probe_s=0.049)], half)[0].scale == pytest.approx(0.7)
+    assert "x 0.70 (this host's probe 0.049 s vs reference 0.100 s, 1 worker, their ratio to the power 0.5) = 28 s" in (
+        testtime.budget_line("quick loop", 20, half.steps["quick"], half, 0.049))
+    # The floor holds for the scale, not for the probes' ratio: 0.16 ** 0.5 = 0.4 is floored, 0.36 ** 0.5 is not.
+    assert "x 0.50 (the floor; " in testtime.budget_line("quick loop", 1, half.steps["quick"], half, 0.016)
+
+
 def test_a_probe_taken_with_other_workers_than_the_budgets_is_refused(files):
     (files / "b2.toml").write_text(BUDGET.replace("fail_factor", "probe_workers = 2\nfail_factor"))
     budgets = testtime.read_budgets(files / "b2.toml")
@@ -125,6 +148,10 @@ def test_the_command_prints_the_table_and_exits_1_naming_a_step_over_budget(file
     ("[host]\nprobe_s = 1\nfail_factor = 0.5\n[steps.quick]\nseconds = 1\n", "fail_factor must be at least 1"),
     ("[host]\nprobe_s = 1\nprobe_workers = 0\n[steps.quick]\nseconds = 1\n",
      r"\[host\] probe_workers must be a whole number of processes >= 1; got 0"),
+    ("[host]\nprobe_s = 1\nprobe_exponent = 1.5\n[steps.quick]\nseconds = 1\n",
+     r"\[host\] probe_exponent must be in \(0, 1\] .*; got 1.5"),
+    ("[host]\nprobe_s = 1\nprobe_exponent = 0\n[steps.quick]\nseconds = 1\n", r"probe_exponent must be in .*; got 0"),
+    ("[host]\nprobe_s = 1\nprobe_exponent = 'a'\n[steps.quick]\nseconds = 1\n", r"probe_exponent .*; got 'a'"),
 ])
 def test_a_bad_budget_file_is_named_and_exits_2(tmp_path, capsys, text, message):
     (tmp_path / "b.toml").write_text(text)
