@@ -93,9 +93,10 @@ def test_a_faster_host_lowers_the_budget_so_a_step_that_doubled_fails_there(file
 
 
 def test_a_budget_follows_the_probe_as_far_as_its_exponent_says(files):
-    """A suite whose time moves as the square root of the probe's (measured between two hosts, .ci/test-budget.toml)
-    keeps one share of its budget on either host with ``probe_exponent = 0.5``; the planted defect, the probe
-    followed in proportion (the default, 1), fails it on the faster host and lets it double unseen on the slower."""
+    """A suite whose time moves as the square root of the probe's (the quick loop's, between two hosts, moved as its
+    0.55th power: .ci/test-budget.toml) keeps one share of its budget on either host with ``probe_exponent = 0.5``;
+    the planted defect, the probe followed in proportion (the default, 1), fails it on the faster host and lets it
+    double unseen on the slower."""
     (files / "half.toml").write_text(BUDGET.replace("fail_factor", "probe_exponent = 0.5\nfail_factor"))
     half, whole = testtime.read_budgets(files / "half.toml"), testtime.read_budgets(files / "budget.toml")
     assert (half.probe_exponent, whole.probe_exponent) == (0.5, 1.0)
