@@ -448,8 +448,7 @@ def budget_line(label: str, wall_s: float, budget: Budget | None, budgets: Budge
     if probe_s is None or probe_s <= 0:
         line = f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s unscaled (no probe of this host) {where}"
     else:
-        floor = ("the floor; " if scale == SCALE_FLOOR
-                 and (probe_s / budgets.probe_s) ** budgets.probe_exponent < SCALE_FLOOR else "")
+        floor = "the floor; " if (probe_s / budgets.probe_s) ** budgets.probe_exponent < SCALE_FLOOR else ""
         power = "" if budgets.probe_exponent == 1 else f", their ratio to the power {budgets.probe_exponent:g}"
         line = (f"{label}: {wall_s:.0f} s, budget {budget.seconds:.0f} s x {scale:.2f} ({floor}this host's probe "
                 f"{probe_s:.3f} s vs reference {budgets.probe_s:.3f} s, {budgets.probe_workers} "

@@ -112,7 +112,7 @@ def test_a_budget_follows_the_probe_as_far_as_its_exponent_says(files):
     assert testtime.judge([testtime.Step("quick", 1, 0, probe_s=0.049)], half)[0].scale == pytest.approx(0.7)
     assert "x 0.70 (this host's probe 0.049 s vs reference 0.100 s, 1 worker, their ratio to the power 0.5) = 28 s" in (
         testtime.budget_line("quick loop", 20, half.steps["quick"], half, 0.049))
-    # The floor holds for the scale, not for the probes' ratio: 0.16 ** 0.5 = 0.4 is floored, 0.36 ** 0.5 is not.
+    # The floor holds for the scale, not the probes' ratio: 0.16 ** 0.5 = 0.4 is floored, 0.49 ** 0.5 (above) is not.
     assert "x 0.50 (the floor; " in testtime.budget_line("quick loop", 1, half.steps["quick"], half, 0.016)
 
 
