@@ -233,6 +233,7 @@ def _unfreezing(unfreeze):
     return wrapped
 
 
+@pytest.hookimpl(tryfirst=True)  # before the runner sets up this test's fixtures, so that none of them is frozen
 def pytest_runtest_setup(item):
     """Freezes what is alive (after a full collection) when imports since the last freeze added
     ``_FREEZE_AFTER_MODULES`` modules or more, or when something unfroze it (``gc.unfreeze``: harness' chart drawing
