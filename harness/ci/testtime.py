@@ -114,7 +114,11 @@ class Budgets:
         ``SCALE_FLOOR``; 1 without a probe."""
         if probe_s is None or probe_s <= 0:
             return 1.0
-        return max(SCALE_FLOOR, (probe_s / self.probe_s) ** self.probe_exponent)
+        return max(SCALE_FLOOR, self.unfloored(probe_s))
+
+    def unfloored(self, probe_s: float) -> float:
+        """``scale`` before ``SCALE_FLOOR``: the probes' ratio to the power ``probe_exponent``."""
+        return (probe_s / self.probe_s) ** self.probe_exponent
 
 
 @dataclass(frozen=True)
