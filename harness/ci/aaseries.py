@@ -4,7 +4,7 @@
 commits, recording everything (``--save-runs FILE``; ``--from-runs FILE`` studies a recording again):
 
 - ``time_`` benchmarks, in existing mode: ``PAIRS`` interleaved pairs a run (``harness.ci.interleave``: two
-  processes of the one commit, sampled alternately), recorded in full;
+  processes of the one commit, sampled alternately, replaced every ``per_process`` pairs), recorded in full;
 - the other benchmarks: one asv run of C a run, its value per combination (a round).
 
 :func:`study` then judges with the gate's own sequential rule (``benchgate.judge_rounds`` and
@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.ci.asvresults import Measurement
-from harness.ci.benchgate import FACTOR, Verdict, higher_is_better, judge_rounds, paired, settled, worse_ratio
+from harness.ci.benchgate import (
+    FACTOR,
+    Verdict,
+    higher_is_better,
+    judge_rounds,
+    judged_values,
+    paired,
+    settled,
+    worse_ratio,
+)
 from harness.ci.interleave import BATCH, MIN_PAIRS
 from harness.errors import InvalidValue
 
@@ -198,17 +207,23 @@ def plant(measurement: Measurement, slowdown: float = SLOWDOWN) -> Measurement:
                        measurement.stats)
 
 
-def _stop(ratios: Sequence[float], factor: float, first: int, step: int, see: bool = False) -> int:
-    """How many pairs the gate's sequential rule takes: a look at the bounds (``benchgate.paired``,
-    ``benchgate.settled``; ``see`` for interleaved pairs, as the gate) at ``first`` pairs and every ``step`` after,
-    until settled or all are used."""
+def _stop(ratios: Sequence[float], factor: float, first: int, step: int, see: bool = False,
+          per_process: int = 0) -> int:
+    """How many pairs the gate's sequential rule takes: a look at the bounds (``benchgate.paired`` on
+    ``benchgate.judged_values``, ``benchgate.settled``; ``see`` for interleaved pairs, as the gate) at ``first``
+    pairs and every ``step`` after, until settled or all are used."""
     size = min(first, len(ratios))
-    while size < len(ratios) and not (size >= 2 and settled(paired(ratios[:size]), factor, see=see)):
+
+    def settles(size: int) -> bool:
+        values = judged_values(ratios[:size], per_process)
+        return len(values) >= 2 and settled(paired(values), factor, see=see)
+
+    while size < len(ratios) and not settles(size):
         size = min(len(ratios), size + step)
     return size
 
 
-def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tally) -> None:
+def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tally, per_process: int = 0) -> None:
     """One judgment as the gate makes it, as recorded and with each planted change: where the gate would stop
     (looks on the pairs' log ratios, a planted change added to each), then its verdict there
     (``benchgate.judge_rounds`` on the measurements, planted with :func:`plant`)."""
@@ -218,9 +233,10 @@ def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tall
     source = "interleaved pairs" if kind == "pairs" else "rounds"
     worse = {}
     for slowdown in (1.0, *PLANTS):
-        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step, see=kind == "pairs")
+        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step, see=kind == "pairs",
+                     per_process=per_process)
         heads = head[:size] if slowdown == 1.0 else [plant(m, slowdown) for m in head[:size]]
-        row = judge_rounds(base[:size], heads, factor, source=source)
+        row = judge_rounds(base[:size], heads, factor, source=source, per_process=per_process)
         worse[slowdown] = row.verdict is Verdict.WORSE
         if slowdown == 1.0:
             if row.detects is not None and math.isfinite(row.detects):
@@ -243,15 +259,15 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
     labels = sorted({label for run in runs for label in run.get("pairs", {})})
     for label in labels:
         recorded = [run["pairs"][label] for run in runs if label in run.get("pairs", {})]
-        series = [(_side(label, r, "base"), _side(label, r, "head")) for r in recorded]
+        series = [(_side(label, r, "base"), _side(label, r, "head"), int(r.get("per_process", 0))) for r in recorded]
         real, res = _Tally(), _Tally()
-        for base, head in series:
-            _judge("pairs", base, head, factor, rounds, min_pairs, batch, real)
+        for base, head, per_process in series:
+            _judge("pairs", base, head, factor, rounds, min_pairs, batch, real, per_process)
         for _ in range(resampled):
-            base, head = series[rng.randrange(len(series))]
-            picked = _blocks(len(base), rng)
+            base, head, per_process = series[rng.randrange(len(series))]
+            picked = _blocks(len(base), rng, per_process)
             _judge("pairs", [base[i] for i in picked], [head[i] for i in picked], factor, rounds, min_pairs, batch,
-                   res)
+                   res, per_process)
         combos[label] = {"kind": "pairs", "real": real, "resampled": res}
     round_labels = sorted({label for run in runs for label in run.get("rounds", {})} - set(labels))
     for label in round_labels:
@@ -272,11 +288,21 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
     return Study(len(runs), combos)
 
 
-def _blocks(length: int, rng: random.Random) -> list[int]:
-    """Indices of ``length`` pairs as a moving-block bootstrap: blocks of ``BLOCK`` consecutive pairs, each
-    starting anywhere in the run."""
+def _blocks(length: int, rng: random.Random, per_process: int = 0) -> list[int]:
+    """Indices of ``length`` pairs as a block bootstrap: blocks of ``BLOCK`` consecutive pairs, each starting
+    anywhere in the run. Where the pairs came ``per_process`` from each process pair, a two-stage bootstrap: a
+    process pair drawn at random, then as many of its pairs drawn from it (a block that straddled two process pairs
+    would hide the offset between processes the gate judges by; a process pair drawn twice whole would be two
+    identical values, a spread of none)."""
+    if per_process:
+        groups = [range(start, min(start + per_process, length)) for start in range(0, length, per_process)]
+        picked: list[int] = []
+        while len(picked) < length:
+            group = groups[rng.randrange(len(groups))]
+            picked.extend(group[rng.randrange(len(group))] for _ in group)
+        return picked[:length]
     block = min(BLOCK, length)
-    picked: list[int] = []
+    picked = []
     while len(picked) < length:
         start = rng.randrange(length - block + 1)
         picked.extend(range(start, start + block))

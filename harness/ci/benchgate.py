@@ -9,10 +9,13 @@ Measurements come in **pairs**, base and head measured next to each other (the o
 host that drifts one way favours neither side): interleaved asv rounds (one pair a round), or, for ``time_``
 benchmarks, single samples taken alternately from two processes that hold the two commits
 (``harness.ci.interleave``: tens of milliseconds apart, where this host's speed moves by a third within seconds).
-Each pair gives a log ratio, head against base, turned so that > 0 is worse (samples/s counted higher-is-better);
-:func:`paired` estimates the change from them with a one-sided bound at ``1 - ALPHA`` on each side: the mean with
-Student's t for a few rounds, the median with order-statistic bounds (no assumption on the noise's shape) for
-``MEDIAN_PAIRS`` pairs or more.
+Each pair gives a log ratio, head against base, turned so that > 0 is worse (samples/s counted higher-is-better).
+Interleaved pairs come from several *process pairs* (``per_process`` pairs each): one process runs the same code up
+to 15% faster than another for its whole life, so the pairs of one process pair share an offset that more of its
+pairs cannot average away. There the unit judged is a process pair, the median of its pairs' log ratios
+(:func:`judged_values`). :func:`paired` estimates the change from the values judged with a one-sided bound at
+``1 - ALPHA`` on each side: the mean with Student's t for a few values, the median with order-statistic bounds (no
+assumption on the noise's shape) for ``MEDIAN_PAIRS`` values or more.
 
 - a benchmark is **worse** when the estimate is worse than ``factor`` *and* its lower bound is above no change
   (``ALPHA`` = 1%: at most 1% false alarms per judgment where the pairs are independent);
@@ -46,8 +49,8 @@ from harness.ci.asvresults import Key, Measurement, is_skipped
 from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
-           "decided", "settled", "judge_all", "worse_ratio", "threshold", "exit_status", "markdown", "NOISE_K",
-           "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
+           "decided", "settled", "judge_all", "judged_values", "worse_ratio", "threshold", "exit_status", "markdown",
+           "check_per_process", "NOISE_K", "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
@@ -120,6 +123,26 @@ class Paired:
         return math.exp(math.log(self.threshold(factor)) + _Z_POWER * self.se) - 1
 
 
+def check_per_process(per_process: int) -> None:
+    """Raises InvalidValue unless ``per_process`` is 0 (every pair its own) or at least 2 pairs a process pair."""
+    if per_process < 0 or per_process == 1:
+        raise InvalidValue(f"per_process must be 0 (pairs independent) or at least 2; got per_process={per_process}")
+
+
+def judged_values(log_ratios: Sequence[float], per_process: int = 0) -> list[float]:
+    """The values :func:`paired` judges: the pairs' log ratios themselves (``per_process`` 0: each pair independent,
+    as asv rounds are), or each process pair's median, the ratios taken ``per_process`` at a time in order (the last
+    group may be shorter).
+
+    Raises:
+        InvalidValue: ``per_process`` is negative or 1.
+    """
+    check_per_process(per_process)
+    if not per_process:
+        return list(log_ratios)
+    return [statistics.median(log_ratios[i:i + per_process]) for i in range(0, len(log_ratios), per_process)]
+
+
 def paired(log_ratios: Sequence[float]) -> Paired:
     """The estimate and its bounds from pairs' log ratios (> 0: head worse).
 
@@ -174,7 +197,7 @@ class Row:
     verdict: Verdict
     ratio: float | None  # how much worse head is: > 1 worse, whatever the direction
     threshold: float | None = None  # the ratio beyond which head counts as worse
-    noise: Noise | None = None  # one pair's spread, as measured by the pairs judged
+    noise: Noise | None = None  # one value's spread (a pair's, or a process pair's median), as measured
     rounds: tuple[int, int] = (1, 1)  # values per side
     note: str = ""
     detects: float | None = None  # the change caught with probability POWER (0.05: 5%)
@@ -244,7 +267,7 @@ def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, fa
 
 
 def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = FACTOR,
-                 history: Noise | None = None, source: str = "rounds") -> Row:
+                 history: Noise | None = None, source: str = "rounds", per_process: int = 0) -> Row:
     """The verdict on pairs: ``base[i]`` and ``head[i]`` measured next to each other (module docstring).
 
     Args:
@@ -252,6 +275,8 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
         factor: the smallest change called worse, > 1.
         history: main's night-to-night noise, shown in the row.
         source: what a pair is, for the row's noise cell ("rounds", "interleaved pairs").
+        per_process: pairs taken from one process pair before the next (``interleave.Sampled.per_process``): each
+            process pair's median is one value judged (:func:`judged_values`); 0: each pair is.
     """
     _check_factor(factor)
     first = (base or head)[0]
@@ -270,7 +295,11 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     if not all(0 < r < math.inf for r in ratios):  # a zero on a side: the medians decide, without bounds
         verdict, ratio = _compare(up, base_value, head_value, factor, lambda: True)
         return replace(row, verdict=verdict, ratio=ratio, threshold=factor, note="a zero value: no paired bounds")
-    pairs = paired([math.log(r) for r in ratios])
+    values = judged_values([math.log(r) for r in ratios], per_process)
+    if len(values) < 2:
+        return replace(row, verdict=Verdict.UNJUDGED,
+                       note="pairs from one process pair: no spread between processes to judge against")
+    pairs = paired(values)
     limit = pairs.threshold(factor)
     ratio = math.exp(pairs.estimate)
     verdict = Verdict.SAME
@@ -278,7 +307,7 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
         verdict = Verdict.WORSE
     elif pairs.estimate < -math.log(factor) and pairs.high < 0:
         verdict = Verdict.BETTER
-    noise = Noise(pairs.spread, f"{pairs.n} {source}")
+    noise = Noise(pairs.spread, f"{len(ratios)} {source}" + (f" in {pairs.n} process pairs" if per_process else ""))
     return replace(row, verdict=verdict, ratio=ratio, threshold=limit, noise=noise, pairs=pairs,
                    detects=pairs.detectable(factor))
 
@@ -415,9 +444,11 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
         lines.append(f"| {marks.get(row.verdict, '')} | `{name}` | {_value(row.base)} | {_value(row.head)} | "
                      f"{ratio} | {noise} | {detects} | {row.unit} | {row.note} |")
     lines += ["", "`+` worse: beyond the factor and beyond the noise (its lower 99% bound above no change), `-` "
-              "better, `!` failed on head, `*` fixed, `?` unjudged (a single value: no spread); samples/s, "
+              "better, `!` failed on head, `*` fixed, `?` unjudged (a single value, or one process pair: no spread); "
+              "samples/s, "
               "efficiency and final accuracy count higher as better. *worse by*: the pairs' estimate (base and head "
-              "measured next to each other); *noise*: one pair's spread, and how many pairs were judged (main's "
+              "measured next to each other); *noise*: the spread of one pair (of one process pair's median, where "
+              "pairs come from several), and how many were judged (main's "
               "night-to-night noise beside it where a history was given: shown, not used); *detects*: the change "
               f"this row catches {100 * POWER:.0f}% of the time at that spread (the factor, {factor:g}, at least)."]
     return "\n".join(lines)

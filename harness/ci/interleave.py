@@ -18,10 +18,27 @@ started, such as TensorFlow's pools, keep theirs). Pinning both to a fixed CPU i
 process: the pair was forced onto the busy CPU, and the 5% loop measured 1.010-1.020x in 3 runs of 3 beside one CPU
 hog. Where pinning is not available (not Linux, or refused), the workers run where the system puts them.
 
+A process pair takes ``PER_PROCESS`` pairs, then both processes are replaced by new ones. Two processes running the
+same code differ in speed by a fixed share for their whole life: an A/A of this busy loop (one commit against
+itself) measured 0.85x to 1.06x in 16 runs of one process pair each (60 to 100 pairs a run, spread ~4% within a
+run), and neither a fixed hash seed nor address-space randomization turned off (``PYTHONHASHSEED=0 setarch -R``)
+removed it (docs/regressions.md).
+The pairs of one process pair share that offset, so more of them never average it away: a 5% longer loop measured
+1.001x in CI, decided as no change (tests/ci/test_gate.py at 8871b78). ``benchgate.judge_rounds`` judges each
+process pair's median (``per_process``), its spread the spread between process pairs.
+
+Where the host is busy, a sample's wall time holds other processes' time, on both sides of a pair alike, which
+dilutes a change toward 1x: beside two CPU hogs the 5% longer loop's wall-time ratio was 0.5 to 1.2 points below
+the CPU-time ratio of the same samples (four runs of 400 pairs, docs/regressions.md).
+So the worker times a benchmark on the default wall clock with that clock stopped while its thread waits on a run
+queue (``pairworker._net_clock``: the kernel's per-thread run-queue wait, ``/proc/.../schedstat``): sleeps, I/O
+and waits on other threads still count, the time the host gave to other processes does not. A benchmark with a
+timer of its own keeps it, as does a kernel without schedstat (``Sampled.net`` says which).
+
 :func:`measure` samples until ``decide`` says the pairs are decided (``benchgate.decided``: the bounds exclude the
 gate's factor), checking every ``batch`` pairs from ``min_pairs`` on, or until ``max_pairs`` or ``budget_s`` is
-spent. It returns one :class:`~harness.ci.asvresults.Measurement` per sample and side, pairs in order, for
-``benchgate.judge_rounds``.
+spent (the first process pair's set-up not counted, the later ones' counted). It returns one
+:class:`~harness.ci.asvresults.Measurement` per sample and side, pairs in order, for ``benchgate.judge_rounds``.
 """
 
 from __future__ import annotations
@@ -38,16 +55,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.ci.asvresults import Key, Measurement
-from harness.ci.benchgate import MEDIAN_PAIRS
+from harness.ci.benchgate import check_per_process
 from harness.errors import Failed
 
-__all__ = ["Sampled", "measure", "benchmark_id", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S"]
+__all__ = ["Sampled", "measure", "benchmark_id", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S",
+           "PER_PROCESS"]
 
 WORKER = Path(__file__).with_name("pairworker.py")
-MIN_PAIRS = MEDIAN_PAIRS  # the first look: from here on, the median and its order-statistic bounds
+# The first look: four process pairs (PER_PROCESS each), Student's t at 3 degrees of freedom. At two, two process
+# pairs whose medians happened to agree decided alone: a README change measured "better", 0.941x, from 2 process
+# pairs 0.0% apart, beside two CPU hogs.
+MIN_PAIRS = 40
 BATCH = 20  # pairs between two looks at the bounds
 MAX_PAIRS = 2000
-BUDGET_S = 60.0  # seconds of sampling per benchmark combination, setup not counted
+BUDGET_S = 60.0  # seconds of sampling per benchmark combination, the first process pair's set-up not counted
+# Pairs a process pair takes before both are replaced: even (as many base-first as head-first), and dividing
+# MIN_PAIRS and BATCH, so that every look at the bounds sees whole process pairs. The busy loop's noise (between
+# process pairs ~4%, a pair ~5%, a process pair's start ~0.5 s against 25 ms a pair) puts the cheapest size for a
+# given precision near 7; 10 keeps the looks on whole process pairs.
+PER_PROCESS = 10
 _READY_S = 600.0  # a worker's set-up (importing TensorFlow, building a model, setup_cache)
 _SAMPLE_S = 120.0
 # By path, and not as ``python pairworker.py``: that would put harness/ci first on sys.path, where bisect.py
@@ -64,6 +90,8 @@ class Sampled:
     number: int
     stopped: str  # "decided", "max pairs", "budget"
     skipped: str = ""  # a side's setup skipped the combination: no pairs
+    per_process: int = 0  # pairs from one process pair before the next (0: all from one, as recorded before)
+    net: bool = False  # timed with the run-queue waits taken out (pairworker._net_clock) on both sides
 
 
 class _Worker:
@@ -160,52 +188,78 @@ def benchmark_id(config: Path, key: Key) -> tuple[Path, str]:
 def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
             decide: Callable[[Sequence[Measurement], Sequence[Measurement]], bool], min_pairs: int = MIN_PAIRS,
             max_pairs: int = MAX_PAIRS, budget_s: float = BUDGET_S, batch: int = BATCH,
-            progress: Callable[[str], None] | None = None) -> Sampled:
+            progress: Callable[[str], None] | None = None, per_process: int = PER_PROCESS) -> Sampled:
     """Pairs of samples of benchmark combination ``key`` of the asv project at ``config``, base from
-    ``targets[0]``, head from ``targets[1]`` (folders the commits are installed in), until decided or a limit is
-    reached.
+    ``targets[0]``, head from ``targets[1]`` (folders the commits are installed in), ``per_process`` from each
+    process pair (0: all from one), until decided or a limit is reached.
 
     Raises:
         Failed: a side's benchmark failed to set up or to run, or stopped answering.
+        InvalidValue: ``per_process`` is negative or 1.
     """
+    check_per_process(per_process)
     name, params = key
     benchmark_dir, bench_id = benchmark_id(config, key)
+    base: list[Measurement] = []
+    head: list[Measurement] = []
+    number, start, stopped, nets = 0, None, "", []
     with tempfile.TemporaryDirectory(prefix="harness-pairs-") as cwd:
-        workers = [_Worker(side, benchmark_dir, bench_id, target, Path(cwd))
-                   for side, target in zip(("base", "head"), targets)]
-        try:
-            ready = [worker.answer(_READY_S) for worker in workers]
-            skipped = [f"{worker.label}: {said['skip']}" for worker, said in zip(workers, ready) if "skip" in said]
-            if skipped:
-                return Sampled((), (), 0, "skipped", "; ".join(skipped))
-            number = int(ready[0]["number"]) or int(workers[0].ask(_SAMPLE_S, calibrate=True)["number"])
-            for worker, said in zip(workers, ready):
-                worker.ask(_SAMPLE_S, warm=float(said.get("warmup", 0.1)))
-            base: list[Measurement] = []
-            head: list[Measurement] = []
-            start, stopped = time.perf_counter(), "max pairs"
-            cpus = _cpus()
-            while len(base) < max_pairs:
-                order = (0, 1) if len(base) % 2 == 0 else (1, 0)
-                seconds = {}
-                for side in order:
-                    seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
-                    if cpus and side == order[0]:  # the second sample where the first ran
-                        cpus = _follow(workers[order[1]].process.pid, workers[side].process.pid, cpus)
-                if cpus:
-                    cpus = _follow(workers[order[1]].process.pid, None, cpus)
-                base.append(Measurement(name, params, unit, seconds[0]))
-                head.append(Measurement(name, params, unit, seconds[1]))
-                if len(base) >= min_pairs and len(base) % batch == 0:
-                    if decide(base, head):
-                        stopped = "decided"
-                        break
-                    if progress is not None:
-                        progress(f"{len(base)} pairs, not decided yet")
-                if time.perf_counter() - start > budget_s:
-                    stopped = "budget"
-                    break
-            return Sampled(tuple(base), tuple(head), number, stopped)
-        finally:
-            for worker in workers:
-                worker.close()
+        while not stopped and len(base) < max_pairs:
+            workers = [_Worker(side, benchmark_dir, bench_id, target, Path(cwd))
+                       for side, target in zip(("base", "head"), targets)]
+            try:
+                ready = [worker.answer(_READY_S) for worker in workers]
+                skipped = [f"{worker.label}: {said['skip']}" for worker, said in zip(workers, ready)
+                           if "skip" in said]
+                if skipped:
+                    return Sampled((), (), 0, "skipped", "; ".join(skipped), per_process)
+                nets += [bool(said.get("net", False)) for said in ready]
+                number = number or int(ready[0]["number"]) or int(workers[0].ask(_SAMPLE_S, calibrate=True)["number"])
+                for worker, said in zip(workers, ready):
+                    worker.ask(_SAMPLE_S, warm=float(said.get("warmup", 0.1)))
+                start = time.perf_counter() if start is None else start
+                stopped = _sample(workers, name, params, unit, number, (base, head), per_process or max_pairs,
+                                  lambda: _look(base, head, decide, min_pairs, max_pairs, batch, progress),
+                                  start + budget_s)
+            finally:
+                for worker in workers:
+                    worker.close()
+    return Sampled(tuple(base), tuple(head), number, stopped or "max pairs", per_process=per_process,
+                   net=bool(nets) and all(nets))
+
+
+def _look(base: list, head: list, decide, min_pairs: int, max_pairs: int, batch: int, progress) -> str:
+    """After a pair: "decided" where ``decide`` says so at a look (every ``batch`` pairs from ``min_pairs``), "max
+    pairs" once there are ``max_pairs``, else "" (go on)."""
+    if len(base) >= min_pairs and len(base) % batch == 0:
+        if decide(base, head):
+            return "decided"
+        if progress is not None:
+            progress(f"{len(base)} pairs, not decided yet")
+    return "max pairs" if len(base) >= max_pairs else ""
+
+
+def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: int, sides: tuple[list, list],
+            count: int, look: Callable[[], str], end: float) -> str:
+    """Up to ``count`` pairs from one process pair, appended to ``sides``; why the sampling stops ("decided",
+    "max pairs", or "budget": ``time.perf_counter()`` past ``end``), or "" where only this process pair's share is
+    taken."""
+    base, head = sides
+    cpus = _cpus()
+    for _ in range(count):
+        order = (0, 1) if len(base) % 2 == 0 else (1, 0)
+        seconds = {}
+        for side in order:
+            seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
+            if cpus and side == order[0]:  # the second sample where the first ran
+                cpus = _follow(workers[order[1]].process.pid, workers[side].process.pid, cpus)
+        if cpus:
+            cpus = _follow(workers[order[1]].process.pid, None, cpus)
+        base.append(Measurement(name, params, unit, seconds[0]))
+        head.append(Measurement(name, params, unit, seconds[1]))
+        said = look()
+        if said:
+            return said
+        if time.perf_counter() > end:
+            return "budget"
+    return ""

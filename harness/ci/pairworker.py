@@ -15,8 +15,9 @@ library's.)
 
 Protocol: one JSON object a line on stdin, one answer a line on stdout (the benchmark's own prints go to stderr):
 
-- at start, once set up: ``{"ready": true, "number": N, "warmup": seconds}`` (N: the benchmark's ``number``, 0 when
-  it lets asv choose), ``{"skip": reason}`` (setup raised ``NotImplementedError`` or the combination is skipped) or
+- at start, once set up: ``{"ready": true, "number": N, "warmup": seconds, "net": bool}`` (N: the benchmark's
+  ``number``, 0 when it lets asv choose; ``net``: samples are timed on :func:`_net_clock`, the run-queue waits
+  taken out), ``{"skip": reason}`` (setup raised ``NotImplementedError`` or the combination is skipped) or
   ``{"error": traceback}``;
 - ``{"calibrate": true}``: the smallest ``number`` whose sample takes at least the benchmark's ``sample_time``
   (asv's rule), answered as ``{"number": N}``;
@@ -28,13 +29,35 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
+import timeit
 import traceback
 
 
 def _answer(out, **fields) -> None:
     out.write(json.dumps(fields) + "\n")
     out.flush()
+
+
+def _net_clock():
+    """A clock that stops while this thread waits on a run queue: ``time.perf_counter()`` less the thread's wait so
+    far (``/proc/self/task/TID/schedstat``'s second field, nanoseconds spent runnable while another task ran); None
+    where the kernel does not say. Sleeps, reads and waits on other threads still count: only the time the host gave
+    to other processes while this one could have run is taken out (harness.ci.interleave's docstring)."""
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    try:
+        with open(path) as stat:
+            int(stat.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+    def net() -> float:
+        now = time.perf_counter()
+        with open(path) as stat:
+            return now - int(stat.read().split()[1]) / 1e9
+
+    return net
 
 
 def main(argv: list[str]) -> int:
@@ -56,6 +79,9 @@ def main(argv: list[str]) -> int:
             _answer(out, skip="setup skipped this combination")
             return 0
         params = bench._build_params()
+        net = _net_clock() if bench.timer is timeit.default_timer else None  # a timer of its own is kept
+        if net is not None:
+            bench.timer = net
         timer = bench._get_timer(*params)
     except NotImplementedError:
         _answer(out, skip="setup raised NotImplementedError")
@@ -64,7 +90,7 @@ def main(argv: list[str]) -> int:
         _answer(out, error=traceback.format_exc())
         return 1
     warmup = bench.warmup_time if bench.warmup_time >= 0 else 0.1
-    _answer(out, ready=True, number=int(bench.number), warmup=warmup)
+    _answer(out, ready=True, number=int(bench.number), warmup=warmup, net=net is not None)
     try:
         for line in sys.stdin:
             command = json.loads(line)

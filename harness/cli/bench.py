@@ -31,7 +31,8 @@ Two modes:
               (``--install-command``), and run with ``asv run --python=same
               --set-commit-hash``; the benchmarks are this checkout's, for both commits.
               For the interleaved pairs each commit is also installed into a folder
-              of its own (pip --target, no dependencies, no build isolation).
+              of its own (pip --target, no dependencies, no build isolation), and
+              its processes replaced every 10 pairs: the verdict is on process pairs.
               This Python must hold each commit's [build-system].requires (checked
               first: exit 2 naming what is missing, and the pip command that installs it).
 ``auto`` (default) picks existing inside a container, else virtualenv.
@@ -78,7 +79,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-interleave", action="store_true",
                    help="existing mode: judge time_ benchmarks on asv's rounds too, not on interleaved pairs")
     p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
-                   help="seconds of interleaved sampling per time_ benchmark combination at most (default 60)")
+                   help="seconds of interleaved sampling per time_ benchmark combination at most, new process "
+                        "pairs' set-up counted (default 60)")
     p.add_argument("--aa-series", type=int, metavar="N", default=None,
                    help="BASE and HEAD one commit: measure it against itself N times as the gate does and report "
                         "false alarms and what planted 3%%, 5%% and 10%% slow-downs the gate catches, from the real "
@@ -196,8 +198,8 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
 
             def decide(b, h, key=key) -> bool:
                 return args.no_rerun or benchgate.decided(
-                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs"), args.factor,
-                    see=True)
+                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs",
+                                           interleave.PER_PROCESS), args.factor, see=True)
 
             def progress(said: str, key=key) -> None:
                 print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)
@@ -212,8 +214,9 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
                 judged[key] = replace(row, note=f"not timed in pairs: {sampled.skipped}")
                 continue
             again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), args.factor, history.get(key),
-                                           "interleaved pairs")
-            judged[key] = replace(again, note=f"{sampled.number} call(s) a sample; stopped: {sampled.stopped}")
+                                           "interleaved pairs", sampled.per_process)
+            waits = "; run-queue waits taken out" if sampled.net else ""
+            judged[key] = replace(again, note=f"{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
     return [judged.get((row.name, row.params), row) for row in rows]
 
 
@@ -342,6 +345,7 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
                                              budget_s=float("inf"))
                 if not sampled.skipped:
                     run["pairs"][_label(key)] = {"unit": measured[key].unit, "number": sampled.number,
+                                                 "per_process": sampled.per_process,
                                                  "base": [m.value for m in sampled.base],
                                                  "head": [m.value for m in sampled.head]}
             runs.append(run)

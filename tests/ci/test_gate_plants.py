@@ -55,14 +55,14 @@ _JUDGE = benchgate.judge_rounds  # the real decision, before any plant
 
 
 def _blind(verdict: Verdict) -> Callable:
-    def decide(base, head, factor=benchgate.FACTOR, history=None, source="rounds"):
-        row = _JUDGE(base, head, factor, history, source)  # for the name and the values only
+    def decide(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0):
+        row = _JUDGE(base, head, factor, history, source, per_process)  # for the name and the values only
         return replace(row, verdict=verdict, threshold=None, noise=None, note="", detects=None, pairs=None)
     return decide
 
 
-def _threshold_1_5(base, head, factor=benchgate.FACTOR, history=None, source="rounds"):
-    return _JUDGE(base, head, 1.5, history, source)
+def _threshold_1_5(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0):
+    return _JUDGE(base, head, 1.5, history, source, per_process)
 
 
 PLANTS: dict[str, Callable] = {"always 0": _blind(Verdict.SAME), "always 1": _blind(Verdict.WORSE),
@@ -103,7 +103,7 @@ def measure(key, unit, *args, **kwargs):
     done = _measure(key, unit, *args, **kwargs)
     _record({"pairs": list(key), "unit": unit, "base": [m.value for m in done.base],
              "head": [m.value for m in done.head], "number": done.number, "stopped": done.stopped,
-             "skipped": done.skipped})
+             "skipped": done.skipped, "per_process": done.per_process, "net": done.net})
     return done
 
 
@@ -151,7 +151,7 @@ def _measurements(read: dict) -> tuple[str, object]:
         name, params = read["pairs"]
         sides = [tuple(Measurement(name, params, read["unit"], v) for v in read[side]) for side in ("base", "head")]
         return "pairs", ((name, params), interleave.Sampled(sides[0], sides[1], read["number"], read["stopped"],
-                                                            read["skipped"]))
+                                                            read["skipped"], read["per_process"], read["net"]))
     found = {}
     for name, params, unit, value, samples, stats in read["found"]:
         found[name, params] = Measurement(name, params, unit, value, None if samples is None else tuple(samples),

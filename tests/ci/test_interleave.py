@@ -35,7 +35,7 @@ _BENCH = textwrap.dedent('''
             stat = Path("/proc/self/stat").read_text() if Path("/proc/self/stat").exists() else ""
             cpus = stat[stat.rindex(")") + 2:].split()[36] if stat else "-"  # the CPU this sample ran on
             with open(os.environ["PAIR_LOG"], "a") as log:
-                log.write(f"{self.side} {cpus}\\n")
+                log.write(f"{self.side} {cpus} {os.getpid()}\\n")
 
 
     class Broken:
@@ -50,6 +50,50 @@ _BENCH = textwrap.dedent('''
     class Skipped:
         def setup(self):
             raise NotImplementedError
+
+        def time_call(self):
+            pass
+
+
+    class Crowded:
+        """A CPU-bound call sharing its one CPU with a busy process: its wall time about twice its CPU time."""
+        number = 1
+        warmup_time = 0
+
+        def setup(self):
+            import subprocess
+            import sys
+            cpu = min(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpu})
+            self.hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            os.sched_setaffinity(self.hog.pid, {cpu})
+            time.sleep(0.2)
+
+        def teardown(self):
+            self.hog.kill()
+            self.hog.wait()
+
+        def time_call(self):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            total = 0
+            for i in range(300_000):
+                total += i * i
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(f"{time.perf_counter() - wall} {time.thread_time() - cpu}\\n")
+
+
+    class Sleeps:
+        number = 1
+        warmup_time = 0
+
+        def time_call(self):
+            time.sleep(0.02)
+
+
+    class OwnTimer:
+        number = 1
+        warmup_time = 0
+        timer = time.process_time
 
         def time_call(self):
             pass
@@ -96,11 +140,50 @@ def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(su
     assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and looks == [20, 40]
     assert done.number == 1 and all(m.value > 0 for m in done.base + done.head)
     calls = [line.split() for line in (folder / "log").read_text().splitlines()]
-    assert [side for side, _ in calls[:6]] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
+    assert [side for side, _, _ in calls[:6]] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
     # The second sample of each pair on the CPU the first ran on (where there are two CPUs to pin to)
     if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
         pinned = [(calls[2 * i][1], calls[2 * i + 1][1]) for i in range(40)]
         assert all(a == b for a, b in pinned), pinned
+
+
+def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(suite):
+    # Two processes of one commit differ in speed for their whole life (interleave's docstring): the pairs come
+    # from process pairs of PER_PROCESS pairs each, both sides' processes new for each, and say so for the judge.
+    folder, targets = suite
+    done = _measure("Logged", targets, lambda base, head: len(base) >= 40, min_pairs=20, batch=20)
+    assert done.per_process == interleave.PER_PROCESS == 10 and len(done.base) == 40
+    calls = [line.split() for line in (folder / "log").read_text().splitlines()]
+    pids = {side: [pid for s, _, pid in calls if s == side] for side in ("base", "head")}
+    for side, seen in pids.items():
+        groups = [set(seen[i:i + 10]) for i in range(0, 40, 10)]
+        assert all(len(group) == 1 for group in groups) and len(set().union(*groups)) == 4, (side, seen)
+    assert not set(pids["base"]) & set(pids["head"])
+    one = _measure("Logged", targets, min_pairs=20, max_pairs=30, per_process=0)  # 0: every pair from one
+    assert one.per_process == 0 and len(one.base) == 30
+    calls = [line.split() for line in (folder / "log").read_text().splitlines()][80:]
+    assert len({pid for side, _, pid in calls if side == "base"}) == 1
+    with pytest.raises(ValueError, match="got per_process=1"):
+        _measure("Logged", targets, per_process=1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists() or not hasattr(os, "sched_setaffinity"),
+                    reason="the kernel says nothing of run-queue waits here, or threads cannot be pinned")
+def test_a_sample_leaves_out_the_time_the_host_gave_to_other_processes(suite):
+    # Beside a busy process on its one CPU a loop's wall time is about twice its CPU time; the sample the worker
+    # answers is about its CPU time (the wait on the run queue taken out). A sleep still counts in full, and a
+    # benchmark with a timer of its own keeps it.
+    folder, targets = suite
+    crowded = _measure("Crowded", targets, min_pairs=100, max_pairs=6)
+    assert crowded.net and len(crowded.base) == 6
+    logged = [tuple(map(float, line.split())) for line in (folder / "log").read_text().splitlines()]
+    assert len(logged) == 12 and sorted(w / c for w, c in logged)[6] > 1.5, logged  # it was crowded
+    cpu = sorted(c for _, c in logged)[6]
+    sampled = sorted(m.value for m in crowded.base + crowded.head)[6]
+    assert 0.8 < sampled / cpu < 1.25, (sampled, cpu, logged)
+    slept = _measure("Sleeps", targets, min_pairs=100, max_pairs=4)
+    assert slept.net and min(m.value for m in slept.base + slept.head) >= 0.02
+    assert not _measure("OwnTimer", targets, min_pairs=100, max_pairs=4).net
 
 
 def test_limits_stop_the_sampling(suite):

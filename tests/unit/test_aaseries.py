@@ -31,7 +31,7 @@ def test_quiet_pairs_raise_no_alarm_and_catch_5_and_10_percent():
     assert res.caught[1.05].k == res.caught[1.10].k == 400 and real.caught[1.05].k == 6
     assert found.passes and "PASS" in found.text()
     combo = found.to_json()["combinations"]["b.time_work"]
-    assert combo["kind"] == "pairs" and combo["resampled"]["pairs_median"] == 20  # decided at the first look
+    assert combo["kind"] == "pairs" and combo["resampled"]["pairs_median"] == aaseries.MIN_PAIRS == 40  # the first look
 
 
 def test_a_biased_interleaving_is_a_false_alarm_and_fails_the_study():
@@ -39,6 +39,36 @@ def test_a_biased_interleaving_is_a_false_alarm_and_fails_the_study():
     rng = random.Random(1)
     found = aaseries.study([_pairs_run(rng, bias=1.04) for _ in range(4)], resampled=200)
     assert found.total("resampled").alarms.k == 200 and not found.passes and "FAIL" in found.text()
+
+
+def _process_pairs_run(rng, per_process, processes=12, offset=0.05, spread=0.01):
+    """An A/A run whose pairs come ``10`` from each process pair, each pair of processes off by its own share
+    (spread ``offset``), recorded with ``per_process`` (0: as recorded before process pairs)."""
+    base, head = [], []
+    for _ in range(processes):
+        shift = rng.gauss(0, offset)
+        for _ in range(10):
+            base.append(0.02 * math.exp(rng.gauss(0, spread)))
+            head.append(0.02 * math.exp(shift + rng.gauss(0, spread)))
+    return {"pairs": {"b.time_work": {"unit": "seconds", "number": 1, "per_process": per_process, "base": base,
+                                      "head": head}}, "rounds": {}}
+
+
+def test_runs_of_process_pairs_are_judged_and_resampled_by_process_pair():
+    # Processes off by 5% each, their pairs 1% apart, 100 independent A/A runs: judged pair by pair (per_process 0)
+    # a run's tight bounds sit on whatever its few process pairs add up to, and false alarms abound; judged by
+    # process pair they stay near the rule's 1%. The resampled judgments (each draw's pairs from one process pair)
+    # follow the real ones down.
+    seeds = [random.Random(4).random() + k for k in range(100)]
+    as_pairs = aaseries.study([_process_pairs_run(random.Random(s), 0) for s in seeds], resampled=300)
+    by_process = aaseries.study([_process_pairs_run(random.Random(s), 10) for s in seeds], resampled=300)
+    assert as_pairs.total("real").alarms.value >= 0.05, as_pairs.text()  # 10 of 100 here
+    assert by_process.total("real").alarms.value <= 0.02, by_process.text()  # none of 100 here
+    # 4.0% against 10.7%: resampling one run centres on that run's own offsets ("for these runs")
+    assert by_process.total("resampled").alarms.value < as_pairs.total("resampled").alarms.value / 2
+    assert by_process.total("real").caught[1.10].value > 0.9  # and a 10% change is still caught
+    picked = aaseries._blocks(45, random.Random(0), 10)  # each ten from one process pair, the last one short
+    assert len(picked) == 45 and all(len({i // 10 for i in picked[k:k + 10]}) == 1 for k in range(0, 40, 10))
 
 
 def test_noisy_pairs_resolve_less_and_say_so():

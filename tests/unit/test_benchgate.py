@@ -197,3 +197,43 @@ def test_interleaved_pairs_that_pass_go_on_until_they_could_see_5_percent():
     assert many.detectable(1.03) <= 0.05 and settled(many, see=True), many
     worse = paired([0.1 + rng.gauss(0, 0.04) for _ in range(20)])  # a worse verdict needs no more
     assert settled(worse, see=True)
+
+
+def _process_pairs(rng, offsets: list[float], change: float, per_process: int = 10, spread: float = 0.01):
+    """Interleaved pairs from process pairs, each with its own fixed offset (the speed one process has against
+    another for its whole life) and a small spread within: measurements, base and head."""
+    base, head = [], []
+    for offset in offsets:
+        for _ in range(per_process):
+            base.append(Measurement("a.time_x", "", "s", 0.012))
+            head.append(Measurement("a.time_x", "", "s", 0.012 * change * math.exp(offset + rng.gauss(0, spread))))
+    return base, head
+
+
+def test_pairs_from_several_processes_are_judged_by_process_pair():
+    # Process pairs whose offsets (spread 5%) dwarf the pairs' spread within each (1%): judged pair by pair, 120
+    # pairs make tight bounds around whatever the offsets add up to, and an A/A is called worse; judged by process
+    # pair, the bounds are the offsets' and the verdict stays the same. A real 10% over 40 such process pairs is
+    # still caught.
+    import random
+
+    from harness.ci.benchgate import judged_values
+
+    rng = random.Random(3)
+    offsets = [0.09, -0.04, 0.07, 0.01, 0.08, -0.05, 0.06, 0.10, -0.02, 0.03, -0.03, 0.04]  # an unlucky A/A
+    base, head = _process_pairs(rng, offsets, 1.0)
+    assert judge_rounds(base, head, 1.03, source="interleaved pairs").verdict is Verdict.WORSE  # the old rule
+    row = judge_rounds(base, head, 1.03, source="interleaved pairs", per_process=10)
+    assert row.verdict is Verdict.SAME and not decided(row), row
+    assert row.noise.source == "120 interleaved pairs in 12 process pairs" and row.noise.value > 0.03
+    assert row.pairs.n == 12 and row.rounds == (120, 120)
+    caught = judge_rounds(*_process_pairs(rng, [rng.gauss(0, 0.04) for _ in range(40)], 1.10), 1.03,
+                          source="interleaved pairs", per_process=10)
+    assert caught.verdict is Verdict.WORSE and 1.05 < caught.ratio < 1.15, caught
+    # A process pair's value is the median of its pairs, in order, the last group shorter where the pairs ran out
+    assert judged_values([0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 5.0], 3) == [0.1, 1.1, 5.0]
+    assert judged_values([0.3, 0.1], 0) == [0.3, 0.1]
+    with pytest.raises(ValueError, match="per_process must be 0 .* got per_process=1"):
+        judged_values([0.1, 0.2], 1)
+    one = judge_rounds(*_process_pairs(rng, [0.0], 1.2), 1.03, per_process=10)
+    assert one.verdict is Verdict.UNJUDGED and "one process pair" in one.note
