@@ -12,10 +12,10 @@ benchmarks, single samples taken alternately from two processes that hold the tw
 Each pair gives a log ratio, head against base, turned so that > 0 is worse (samples/s counted higher-is-better).
 Interleaved pairs come from several *process pairs* (``per_process`` pairs each): one process runs the same code up
 to 15% faster than another for its whole life, so the pairs of one process pair share an offset that more of its
-pairs cannot average away. There the unit judged is a process pair, the median of its pairs' log ratios
-(:func:`judged_values`). :func:`paired` estimates the change from the values judged with a one-sided bound at
-``1 - ALPHA`` on each side: the mean with Student's t for a few values, the median with order-statistic bounds (no
-assumption on the noise's shape) for ``MEDIAN_PAIRS`` values or more.
+pairs cannot average away. There the unit judged is a process pair: the mean of its base-first and head-first
+pairs' median log ratios (:func:`judged_values`). :func:`paired` estimates the change from the values judged with
+a one-sided bound at ``1 - ALPHA`` on each side: the mean with Student's t for a few values, the median with
+order-statistic bounds (no assumption on the noise's shape) for ``MEDIAN_PAIRS`` values or more.
 
 - a benchmark is **worse** when the estimate is worse than ``factor`` *and* its lower bound is above no change
   (``ALPHA`` = 1%: at most 1% false alarms per judgment where the pairs are independent);
@@ -131,8 +131,11 @@ def check_per_process(per_process: int) -> None:
 
 def judged_values(log_ratios: Sequence[float], per_process: int = 0) -> list[float]:
     """The values :func:`paired` judges: the pairs' log ratios themselves (``per_process`` 0: each pair independent,
-    as asv rounds are), or each process pair's median, the ratios taken ``per_process`` at a time in order (the last
-    group may be shorter).
+    as asv rounds are), or one value a process pair, the ratios taken ``per_process`` at a time in order (the last
+    group may be shorter): the mean of the median of its base-first pairs and that of its head-first ones (they
+    alternate). A pair's second sample can run slower than its first (the other process just ran on that CPU); a
+    median of both orders together would fall between the two clusters, the mean of the two orders' medians cancels
+    the effect where it is the same for both sides (an AB/BA crossover). A group of one pair is its own value.
 
     Raises:
         InvalidValue: ``per_process`` is negative or 1.
@@ -140,7 +143,13 @@ def judged_values(log_ratios: Sequence[float], per_process: int = 0) -> list[flo
     check_per_process(per_process)
     if not per_process:
         return list(log_ratios)
-    return [statistics.median(log_ratios[i:i + per_process]) for i in range(0, len(log_ratios), per_process)]
+    values = []
+    for start in range(0, len(log_ratios), per_process):
+        group = log_ratios[start:start + per_process]
+        orders = [group[0::2], group[1::2]]  # one order and the other (which is which does not change the mean)
+        values.append(statistics.fmean([statistics.median(o) for o in orders]) if all(orders)
+                      else statistics.median(group))
+    return values
 
 
 def paired(log_ratios: Sequence[float]) -> Paired:

@@ -44,6 +44,7 @@ spent (the first process pair's set-up not counted, the later ones' counted). It
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import subprocess
@@ -251,6 +252,9 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
         seconds = {}
         for side in order:
             seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
+            if not 0 < seconds[side] < math.inf:  # never judged as a zero value: a clock gone wrong is no verdict
+                raise Failed(f"the {workers[side].label} side's benchmark process answered a sample of "
+                             f"{seconds[side]!r} s")
             if cpus and side == order[0]:  # the second sample where the first ran
                 cpus = _follow(workers[order[1]].process.pid, workers[side].process.pid, cpus)
         if cpus:

@@ -21,7 +21,11 @@ Protocol: one JSON object a line on stdin, one answer a line on stdout (the benc
   ``{"error": traceback}``;
 - ``{"calibrate": true}``: the smallest ``number`` whose sample takes at least the benchmark's ``sample_time``
   (asv's rule), answered as ``{"number": N}``;
-- ``{"sample": N}``: one sample of N calls, answered as ``{"seconds": per_call}`` or ``{"error": traceback}``;
+- ``{"sample": N}``: one call untimed, then one sample of N calls, answered as ``{"seconds": per_call}`` or
+  ``{"error": traceback}``. The call first: the other side's process ran since this one's last sample, on the same
+  CPU, and took the caches; asv's own samples run back to back, caches warm. Without it, the second sample of a pair
+  was the cold one: a JSON round trip measured 2-5% slower second than first, and as the two orders' medians did not
+  cancel, one commit against itself came out 1.2% faster on head (docs/regressions.md);
 - ``{"stop": true}``: teardown, then exit.
 """
 
@@ -52,10 +56,21 @@ def _net_clock():
     except (OSError, ValueError, IndexError):
         return None
 
-    def net() -> float:
-        now = time.perf_counter()
+    def waited() -> int:
         with open(path) as stat:
-            return now - int(stat.read().split()[1]) / 1e9
+            return int(stat.read().split()[1])
+
+    def net() -> float:
+        # The kernel adds a wait to the thread's total when the thread runs again: a wait between reading the clock
+        # and reading the total would land in one and not the other (beside busy processes it made a 12 ms sample
+        # negative). Read the total on both sides of the clock until no wait ended in between.
+        for _ in range(1000):
+            before = waited()
+            now = time.perf_counter()
+            after = waited()
+            if before == after:
+                break
+        return now - after / 1e9
 
     return net
 
@@ -104,6 +119,7 @@ def main(argv: list[str]) -> int:
                     _answer(out, number=number)
                 elif "sample" in command:
                     number = int(command["sample"])
+                    timer.timeit(1)  # untimed: the caches this side's last sample left, the other side has since used
                     _answer(out, seconds=timer.timeit(number) / number)
                 elif "warm" in command:
                     end = time.perf_counter() + float(command["warm"])

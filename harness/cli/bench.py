@@ -216,7 +216,9 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
             again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), args.factor, history.get(key),
                                            "interleaved pairs", sampled.per_process)
             waits = "; run-queue waits taken out" if sampled.net else ""
-            judged[key] = replace(again, note=f"{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
+            said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
+            judged[key] = replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; "
+                                              f"stopped: {sampled.stopped}")
     return [judged.get((row.name, row.params), row) for row in rows]
 
 

@@ -139,8 +139,10 @@ def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(su
     done = _measure("Logged", targets, decide, min_pairs=20, batch=20)
     assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and looks == [20, 40]
     assert done.number == 1 and all(m.value > 0 for m in done.base + done.head)
-    calls = [line.split() for line in (folder / "log").read_text().splitlines()]
-    assert [side for side, _, _ in calls[:6]] == ["base", "head", "head", "base", "base", "head"] and len(calls) == 80
+    logged = [line.split() for line in (folder / "log").read_text().splitlines()]
+    assert len(logged) == 160 and all(a[0] == b[0] for a, b in zip(logged[0::2], logged[1::2]))
+    calls = logged[1::2]  # each sample: one call untimed, then the sample's (pairworker's "sample")
+    assert [side for side, _, _ in calls[:6]] == ["base", "head", "head", "base", "base", "head"]
     # The second sample of each pair on the CPU the first ran on (where there are two CPUs to pin to)
     if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
         pinned = [(calls[2 * i][1], calls[2 * i + 1][1]) for i in range(40)]
@@ -153,7 +155,7 @@ def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(
     folder, targets = suite
     done = _measure("Logged", targets, lambda base, head: len(base) >= 40, min_pairs=20, batch=20)
     assert done.per_process == interleave.PER_PROCESS == 10 and len(done.base) == 40
-    calls = [line.split() for line in (folder / "log").read_text().splitlines()]
+    calls = [line.split() for line in (folder / "log").read_text().splitlines()][1::2]  # the timed calls
     pids = {side: [pid for s, _, pid in calls if s == side] for side in ("base", "head")}
     for side, seen in pids.items():
         groups = [set(seen[i:i + 10]) for i in range(0, 40, 10)]
@@ -161,7 +163,7 @@ def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(
     assert not set(pids["base"]) & set(pids["head"])
     one = _measure("Logged", targets, min_pairs=20, max_pairs=30, per_process=0)  # 0: every pair from one
     assert one.per_process == 0 and len(one.base) == 30
-    calls = [line.split() for line in (folder / "log").read_text().splitlines()][80:]
+    calls = [line.split() for line in (folder / "log").read_text().splitlines()][160:]
     assert len({pid for side, _, pid in calls if side == "base"}) == 1
     with pytest.raises(ValueError, match="got per_process=1"):
         _measure("Logged", targets, per_process=1)
@@ -176,7 +178,7 @@ def test_a_sample_leaves_out_the_time_the_host_gave_to_other_processes(suite):
     folder, targets = suite
     crowded = _measure("Crowded", targets, min_pairs=100, max_pairs=6)
     assert crowded.net and len(crowded.base) == 6
-    logged = [tuple(map(float, line.split())) for line in (folder / "log").read_text().splitlines()]
+    logged = [tuple(map(float, line.split())) for line in (folder / "log").read_text().splitlines()][1::2]
     assert len(logged) == 12 and sorted(w / c for w, c in logged)[6] > 1.5, logged  # it was crowded
     cpu = sorted(c for _, c in logged)[6]
     sampled = sorted(m.value for m in crowded.base + crowded.head)[6]

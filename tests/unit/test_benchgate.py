@@ -4,6 +4,7 @@ Markdown."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -230,8 +231,12 @@ def test_pairs_from_several_processes_are_judged_by_process_pair():
     caught = judge_rounds(*_process_pairs(rng, [rng.gauss(0, 0.04) for _ in range(40)], 1.10), 1.03,
                           source="interleaved pairs", per_process=10)
     assert caught.verdict is Verdict.WORSE and 1.05 < caught.ratio < 1.15, caught
-    # A process pair's value is the median of its pairs, in order, the last group shorter where the pairs ran out
-    assert judged_values([0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 5.0], 3) == [0.1, 1.1, 5.0]
+    # A process pair's value: the mean of its two orders' medians (they alternate), the last group
+    # shorter where the pairs ran out; with an order effect (first samples 3% above the second's -5%) the median of
+    # all ten would fall between the clusters (0.0), the crossover mean cancels it (-0.01)
+    assert judged_values([0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 5.0], 3) == pytest.approx([0.1, 1.1, 5.0])
+    crossed = [0.01, -0.05, 0.03, -0.05, 0.03, -0.05, 0.03, -0.05, 0.03, -0.01]
+    assert statistics.median(crossed) == pytest.approx(0.0) and judged_values(crossed, 10) == pytest.approx([-0.01])
     assert judged_values([0.3, 0.1], 0) == [0.3, 0.1]
     with pytest.raises(ValueError, match="per_process must be 0 .* got per_process=1"):
         judged_values([0.1, 0.2], 1)
