@@ -155,7 +155,13 @@ def test_the_verification_keeps_the_ratio_split_where_it_measures_faster(emulati
     # Rates this host sustains (fixed 20000 and 10000 samples/s were host-bound beside two CPU hogs: both splits
     # then ran at the host's speed, 1.02x apart).
     fast, slow = emulation.scale(4000, 2000)
-    out = json.loads(run_python(_PLANTED_CHOICE.format(fast=fast, slow=slow)))
+    # A run the tuner finds host-bound is no verdict on it: run once more, as test_tune_balances_... does. Beside
+    # the gate's tests starting process pairs in .ci/run's extended step (3a48798) a profile phase ran at 4792
+    # samples/s of host against 2580 emulated and came out host-bound.
+    for _ in range(2):
+        out = json.loads(run_python(_PLANTED_CHOICE.format(fast=fast, slow=slow)))
+        if out["host_bound"] == []:
+            break
     verify, choice = out["verify"], out["choice"]
     assert out["host_bound"] == [], out["host_bound"]
     tuned, ratio, kept = verify["tuned"], verify["ratio"], verify["kept"]
