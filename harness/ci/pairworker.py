@@ -50,15 +50,15 @@ def _net_clock():
     where the kernel does not say. Sleeps, reads and waits on other threads still count: only the time the host gave
     to other processes while this one could have run is taken out (harness.ci.interleave's docstring)."""
     path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
-    try:
-        with open(path) as stat:
-            int(stat.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
     def waited() -> int:
         with open(path) as stat:
             return int(stat.read().split()[1])
+
+    try:
+        waited()
+    except (OSError, ValueError, IndexError):
+        return None
 
     def net() -> float:
         # The kernel adds a wait to the thread's total when the thread runs again: a wait between reading the clock
