@@ -55,7 +55,7 @@ __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "j
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
 _HIGHER = re.compile(r"(samples_per_second|efficiency|throughput|ratio_to_stock|(?<!_to)_accuracy)$")
-NOISE_K = 3.0  # harness bisect's threshold, max(factor, 1 + NOISE_K * noise) of GOOD's samples (harness.ci.bisect)
+NOISE_K = 3.0  # harness bisect's one-run threshold, max(factor, 1 + NOISE_K * noise) (harness.ci.tracking.bisection)
 # The least change the gate calls worse, however precise the pairs: a real 1% change measured to 0.1% is not a
 # red light. Between it and a 5% change lies the room the gate's spread must fit in (docs/regressions.md).
 FACTOR = 1.03

@@ -39,6 +39,17 @@ timer of its own keeps it, as does a kernel without schedstat (``Sampled.net`` s
 gate's factor), checking every ``batch`` pairs from ``min_pairs`` on, or until ``max_pairs`` or ``budget_s`` is
 spent (the first process pair's set-up not counted, the later ones' counted). It returns one
 :class:`~harness.ci.asvresults.Measurement` per sample and side, pairs in order, for ``benchgate.judge_rounds``.
+
+The comparisons the gate, ``harness regressions --confirm`` and ``harness bisect`` share, one benchmark combination
+of two commits, base against head, judged by the gate's rule (``benchgate.judge_rounds``) into a ``benchgate.Row``:
+
+- :func:`compare`: a ``time_`` benchmark (existing mode) in interleaved pairs, the two commits installed by
+  :func:`install_pair`; measured until :func:`~harness.ci.benchgate.decided` or ``budget_s`` is spent;
+- :func:`compare_rounds`: any benchmark, in whole asv runs of each commit (``AsvProject.run_commit``), the order
+  alternating round by round (base, head, then head, base, ...), from 2 rounds a side until decided, ``max_rounds``
+  or ``budget_s``: what is left where pairs cannot be taken (virtualenv mode, ``track_`` and other benchmarks
+  that asv times or counts itself);
+- :func:`pairable`: which of the two a combination gets.
 """
 
 from __future__ import annotations
@@ -46,21 +57,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import selectors
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness.ci import asvresults, benchgate
 from harness.ci.asvresults import Key, Measurement
-from harness.ci.benchgate import check_per_process
-from harness.errors import Failed
+from harness.ci.asvrun import AsvProject
+from harness.ci.benchgate import Noise, Row, check_per_process
+from harness.errors import Failed, InvalidValue
 
-__all__ = ["Sampled", "measure", "benchmark_id", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S",
-           "PER_PROCESS"]
+__all__ = ["Sampled", "measure", "benchmark_id", "compare", "compare_rounds", "install_pair", "pairable", "timed",
+           "bench_regex", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S", "PER_PROCESS", "MAX_ROUNDS"]
 
 WORKER = Path(__file__).with_name("pairworker.py")
 # The first look: four process pairs (PER_PROCESS each), Student's t at 3 degrees of freedom. At two, two process
@@ -75,10 +89,11 @@ BUDGET_S = 60.0  # seconds of sampling per benchmark combination, the first proc
 # process pairs ~4%, a pair ~5%, a process pair's start ~0.5 s against 25 ms a pair) puts the cheapest size for a
 # given precision near 7; 10 keeps the looks on whole process pairs.
 PER_PROCESS = 10
+MAX_ROUNDS = 6  # compare_rounds: asv runs of each commit at most (the gate's --max-rounds)
 _READY_S = 600.0  # a worker's set-up (importing TensorFlow, building a model, setup_cache)
 _SAMPLE_S = 120.0
-# By path, and not as ``python pairworker.py``: that would put harness/ci first on sys.path, where bisect.py
-# shadows the standard library's bisect.
+# By path, and not as ``python pairworker.py``: that would put harness/ci first on sys.path, where a module of
+# harness' could shadow one of the standard library's.
 _RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
@@ -267,3 +282,125 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
         if time.perf_counter() > end:
             return "budget"
     return ""
+
+
+def timed(name: str) -> bool:
+    """A ``time_`` benchmark: one that :func:`measure` can time sample by sample."""
+    return name.split(".")[-1].startswith("time_")
+
+
+def pairable(project: AsvProject, name: str) -> bool:
+    """Whether benchmark ``name`` of ``project`` is compared in interleaved pairs (:func:`compare`): a ``time_``
+    benchmark in existing mode; else in asv rounds (:func:`compare_rounds`)."""
+    return project.mode == "existing" and timed(name)
+
+
+def bench_regex(key: Key) -> str:
+    """asv's ``--bench`` regex for the one combination ``key`` (asv matches a parametrized benchmark's regex
+    against ``name(params)``)."""
+    name, params = key
+    return "^" + re.escape(f"{name}({params})" if params else name) + "$"
+
+
+def _label(key: Key) -> str:
+    name, params = key
+    return f"{name} ({params})" if params else name
+
+
+def install_pair(project: AsvProject, base: str, head: str, folder: Path) -> tuple[Path, Path]:
+    """``base`` and ``head`` each installed into a folder of its own under ``folder`` (one folder when they are one
+    commit), for :func:`compare`.
+
+    Raises:
+        Unavailable: this Python lacks a commit's build requirements.
+        Failed: pip failed.
+    """
+    targets = {}
+    for commit in dict.fromkeys((base, head)):
+        targets[commit] = folder / commit[:12]
+        project.install_into(commit, targets[commit])
+    return targets[base], targets[head]
+
+
+def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path], factor: float,
+            budget_s: float = BUDGET_S, history_noise: Noise | None = None, no_rerun: bool = False,
+            progress: Callable[[str], None] | None = None, *, see: bool = True) -> Row:
+    """Benchmark combination ``key`` of ``project``, base (``targets[0]``) against head (``targets[1]``, folders
+    from :func:`install_pair`), judged in interleaved pairs by the gate's rule.
+
+    Pairs are taken until the judgment is decided (``benchgate.decided``: its bounds exclude ``factor``; with
+    ``see``, a pass also until it could see ``benchgate.sees``, as the gate asks) or ``budget_s`` is spent;
+    ``no_rerun``: judged at the first look. The row's note says how many calls a sample took, whether run-queue
+    waits were taken out and why sampling stopped ("decided", "budget", "max pairs").
+
+    Returns:
+        The row (``Verdict.SKIPPED``, its note saying why, where a side's setup skipped the combination).
+
+    Raises:
+        Failed: a side's benchmark failed to set up or to run, or stopped answering; asv's benchmark list does not
+            hold ``key``.
+    """
+    name, params = key
+
+    def decide(base: Sequence[Measurement], head: Sequence[Measurement]) -> bool:
+        return no_rerun or benchgate.decided(
+            benchgate.judge_rounds(base, head, factor, history_noise, "interleaved pairs", PER_PROCESS), factor,
+            see=see)
+
+    sampled = measure(key, unit, project.config, targets, decide, budget_s=budget_s, progress=progress)
+    if sampled.skipped:
+        return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
+                   note=sampled.skipped, history=history_noise)
+    again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), factor, history_noise,
+                                   "interleaved pairs", sampled.per_process)
+    waits = "; run-queue waits taken out" if sampled.net else ""
+    said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
+    return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
+
+
+def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: float,
+                   budget_s: float = BUDGET_S, max_rounds: int = MAX_ROUNDS, history_noise: Noise | None = None,
+                   progress: Callable[[str], None] | None = None) -> Row:
+    """Benchmark combination ``key`` of ``project``, commit ``base`` against commit ``head``, judged by the gate's
+    rule on whole asv runs (rounds): base then head, then head then base, ... (a host drifting one way favours
+    neither side), from 2 rounds a side until decided (``benchgate.decided``), ``max_rounds`` a side, or
+    ``budget_s`` spent (checked after each round; 2 rounds a side are always taken). asv saves each run's results
+    (``project.machine``), read back at once.
+
+    Raises:
+        Failed: asv failed or installing a commit failed (existing mode), or asv saved no result for ``key``.
+        Unavailable: existing mode, and this Python lacks a commit's build requirements.
+        InvalidValue: ``max_rounds`` below 2.
+    """
+    if max_rounds < 2:
+        raise InvalidValue(f"max_rounds must be at least 2 (one round a side gives no spread); got {max_rounds}")
+    if base == head:
+        raise InvalidValue(f"compare_rounds needs two commits; got {base[:12]} twice")
+    regex = bench_regex(key)
+    sides: dict[str, list[Measurement]] = {base: [], head: []}
+    start = time.perf_counter()
+    number = 0
+    while True:
+        for commit in (base, head) if number % 2 == 0 else (head, base):  # AB, BA, AB, ...
+            project.run_commit(commit, [regex])
+            try:
+                found = asvresults.read_commit(project.config, project.machine, commit).get(key)
+            except ValueError as err:
+                raise Failed(f"asv saved no results for {commit[:12]}: {err}") from None
+            if found is None:
+                raise Failed(f"asv saved no result for {_label(key)} on {commit[:12]}")
+            sides[commit].append(found)
+        number += 1
+        if number < 2:
+            continue
+        row = benchgate.judge_rounds(sides[base], sides[head], factor, history_noise)
+        if number >= max_rounds or benchgate.decided(row, factor):
+            stopped = "decided" if benchgate.decided(row, factor) else "max rounds"
+            break
+        if time.perf_counter() - start > budget_s:
+            stopped = "budget"
+            break
+        if progress is not None:
+            progress(f"{number} rounds a side, not decided yet")
+    said = f"{row.note}; " if row.note else ""
+    return replace(row, note=f"{said}{number} asv rounds a side, AB/BA; stopped: {stopped}")

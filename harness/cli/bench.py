@@ -173,21 +173,24 @@ def _both_measured(row) -> bool:
 
 def _timed(name: str) -> bool:
     """A ``time_`` benchmark: one that ``harness.ci.interleave`` can time sample by sample."""
-    return name.split(".")[-1].startswith("time_")
+    from harness.ci.interleave import timed
+
+    return timed(name)
 
 
 def _interleave(args, project, base: str, head: str, rows: list, history: dict) -> list:
-    """Existing mode: each judged ``time_`` row judged again on interleaved pairs (``harness.ci.interleave``)."""
+    """Existing mode: each judged ``time_`` row judged again on interleaved pairs (``interleave.compare``)."""
     import tempfile
 
-    from harness.ci import benchgate, interleave
+    from harness.ci import interleave
+    from harness.ci.benchgate import Verdict
 
     wanted = [row for row in rows if _timed(row.name) and _both_measured(row)]
     if project.mode != "existing" or args.no_interleave or not wanted:
         return rows
     with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
         try:
-            targets = _install_pair(project, base, head, Path(folder))
+            targets = interleave.install_pair(project, base, head, Path(folder))
         except (Failed, Unavailable) as err:  # the rounds' rows stand, saying why
             print(f"harness bench-compare: warning: no interleaved pairs: {err}", file=sys.stderr)
             return [replace(row, note=f"not timed in pairs: {err}") if row in wanted else row for row in rows]
@@ -196,29 +199,21 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
             key = (row.name, row.params)
             print(f"harness bench-compare: timing {_label(key)} in interleaved pairs", file=sys.stderr, flush=True)
 
-            def decide(b, h, key=key) -> bool:
-                return args.no_rerun or benchgate.decided(
-                    benchgate.judge_rounds(b, h, args.factor, history.get(key), "interleaved pairs",
-                                           interleave.PER_PROCESS), args.factor, see=True)
-
             def progress(said: str, key=key) -> None:
                 print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)
 
             try:
-                sampled = interleave.measure(key, row.unit, project.config, targets, decide,
-                                             budget_s=args.pair_budget or interleave.BUDGET_S, progress=progress)
+                again = interleave.compare(project, key, row.unit, targets, args.factor,
+                                           budget_s=args.pair_budget or interleave.BUDGET_S,
+                                           history_noise=history.get(key), no_rerun=args.no_rerun,
+                                           progress=progress)
             except Failed as err:  # the rounds' row stands, saying why it was not timed in pairs
                 judged[key] = replace(row, note=f"not timed in pairs: {err}")
                 continue
-            if sampled.skipped:
-                judged[key] = replace(row, note=f"not timed in pairs: {sampled.skipped}")
+            if again.verdict is Verdict.SKIPPED:  # a side's setup skipped it: no pairs
+                judged[key] = replace(row, note=f"not timed in pairs: {again.note}")
                 continue
-            again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), args.factor, history.get(key),
-                                           "interleaved pairs", sampled.per_process)
-            waits = "; run-queue waits taken out" if sampled.net else ""
-            said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
-            judged[key] = replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; "
-                                              f"stopped: {sampled.stopped}")
+            judged[key] = again
     return [judged.get((row.name, row.params), row) for row in rows]
 
 
@@ -256,15 +251,6 @@ def _again(before, after):
 def _label(key) -> str:
     name, params = key
     return f"{name} ({params})" if params else name
-
-
-def _install_pair(project, base: str, head: str, folder: Path) -> tuple[Path, Path]:
-    """Each commit installed into a folder of its own (one folder when they are one commit)."""
-    targets = {}
-    for commit in dict.fromkeys((base, head)):
-        targets[commit] = folder / commit[:12]
-        project.install_into(commit, targets[commit])
-    return targets[base], targets[head]
 
 
 def _aa_series(args, project, base: str, head: str) -> int:
@@ -338,7 +324,7 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
                 if m.ok and key not in timed:
                     run["rounds"][_label(key)] = {"unit": m.unit, "value": m.value}
             if timed and targets is None:
-                targets = _install_pair(project, commit, commit, Path(folder))
+                targets = interleave.install_pair(project, commit, commit, Path(folder))
             for key in timed:
                 print(f"harness bench-compare: {_label(key)}: {args.aa_pairs} interleaved pairs", file=sys.stderr,
                       flush=True)
@@ -359,7 +345,7 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
 def _history_noise(results: str, machine: str) -> dict:
     """Each benchmark combination's noise over main's history, where it has at least ``_MIN_HISTORY`` commits."""
     from harness.ci.benchgate import Noise
-    from harness.ci.history import load_history
+    from harness.ci.tracking.history import load_history
 
     history = load_history(results, machine=machine)
     noise = {}

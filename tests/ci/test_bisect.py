@@ -4,25 +4,34 @@ Commit 6 of the first ten makes ``gatedemo.work()`` twice as slow (20 ms -> 40 m
 of sleep); the others change nothing the benchmarks see, and the test's
 ``--factor 1.5`` stays above what a loaded host adds to an unchanged commit
 (beside two CPU hogs and the other pytest worker an unchanged commit measured
-1.20x its GOOD); an eleventh breaks ``work()``. Bisection runs in *existing* mode
-(as inside a prebuilt image) and must name commit 6 within ceil(log2 n) + 1
-benchmark runs, for a timing benchmark and for a higher-is-better rate (items/s,
-which drops); say so when BAD is no worse than GOOD; stop with exit 2 on a
-failing probe and on bad input. The search itself and the name resolution are
-tested without asv, in milliseconds.
+1.20x its GOOD in one asv run); an eleventh breaks ``work()``. Bisection runs in
+*existing* mode (as inside a prebuilt image), each probe decided against GOOD by
+the gate's rule (interleaved pairs for the ``time_`` benchmark, asv rounds for a
+rate), and must name commit 6 within ceil(log2 n) + 1 probes, for a timing
+benchmark and for a higher-is-better rate (items/s, which drops); say so when
+BAD is no worse than GOOD; stop with exit 3 on a failing probe and exit 2 on bad
+input. A second repository holds a CPU-bound busy loop made 7.5% longer at one
+commit of six: bisected at the default factor (the gate's 1.03) in interleaved
+pairs, it must be named, a step one asv run a commit does not resolve (runs of
+a 5% longer loop seconds apart measured 1.02-1.09x, docs/regressions.md). The
+search itself, the name resolution and the probe's verdict are tested without
+asv, in milliseconds.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import textwrap
 
 import pytest
 from demorepo import BENCH, commit, install_command, make_repo, run_harness, work_source
 
-from harness.ci.benchgate import worse_ratio
-from harness.ci.bisect import Target, _parse_find, resolve_target, run_bound, search
+from harness.ci import benchgate
+from harness.ci.asvresults import Measurement
+from harness.ci.benchgate import judge_rounds, worse_ratio
+from harness.ci.tracking.bisection import Target, Verdict, _parse_find, probe_verdict, resolve_target, run_bound, search
 
 _BENCH = BENCH.replace("number = 3\n    repeat = 10", "number = 2\n    repeat = 6") + textwrap.dedent('''
 
@@ -102,7 +111,9 @@ def test_bisect_says_when_bad_is_no_worse_than_good(history):
     table = done.stdout.split("\n\n")[1].splitlines()
     assert table[0].split() == ["run", "commit", "hash", "value", "vs", "good", "verdict", "subject"]
     assert [row.split()[1] for row in table[1:]] == ["1/3", "3/3"]  # GOOD, then BAD alone decides
-    assert "2 benchmark runs (bound ceil(log2 3) + 1 = 3)" in done.stdout
+    assert "2 probes (bound ceil(log2 3) + 1 = 3)" in done.stdout
+    assert "moved when the gate's rule says worse than GOOD beyond 1.03x, measured against it in interleaved " \
+           "pairs" in done.stdout  # the default factor: the gate's
 
 
 @pytest.mark.extended
@@ -124,6 +135,79 @@ def test_bisect_rejects_bad_input(history):
            ".time_work" in done.stderr
     done = _bisect(repo, "bench.Work.time_work", commits[0], commits[9], "--factor", "0.9")
     assert done.returncode == 2 and "--factor must be > 1; got 0.9" in done.stderr
+
+
+_BUSY_BENCH = "import busydemo\n\n\ndef time_loop():\n    busydemo.loop()\n"
+
+
+def _loop(iterations: int) -> str:
+    return f"def loop():\n    total = 0\n    for i in range({iterations}):\n        total += i * i\n    return total\n"
+
+
+@pytest.fixture(scope="module")
+def stepped(tmp_path_factory):
+    """Six commits of a busy loop (about 22 ms, asv's default timing, as tests/ci/test_gate.py's); the fourth
+    makes it 7.5% longer."""
+    pytest.importorskip("asv")
+    repo = tmp_path_factory.mktemp("bisectbusy")
+    make_repo(repo, bench=_BUSY_BENCH)  # then renamed: a package that is not demorepo's
+    conf = {**json.loads((repo / "asv.conf.json").read_text()), "project": "busydemo"}
+    pyproject = (repo / "pyproject.toml").read_text().replace("gatedemo", "busydemo")
+    (repo / "gatedemo" / "__init__.py").unlink()
+    commits = [commit(repo, {"busydemo/__init__.py": _loop(400_000), "asv.conf.json": json.dumps(conf),
+                             "pyproject.toml": pyproject}, "a busy loop")]
+    commits.append(commit(repo, {"README.md": "a loop\n"}, "docs only"))
+    commits.append(commit(repo, {"NOTES.md": "a note\n"}, "a note"))  # not-a-reference
+    commits.append(commit(repo, {"busydemo/__init__.py": _loop(430_000)}, "the loop 7.5% longer"))
+    commits.append(commit(repo, {"NOTES.md": "another note\n"}, "another note"))  # not-a-reference
+    commits.append(commit(repo, {"README.md": "a longer loop\n"}, "docs again"))
+    return repo, commits
+
+
+@pytest.mark.extended
+def test_bisect_resolves_a_7_percent_step_of_a_busy_loop_in_interleaved_pairs(stepped):
+    # Probes: commit 4 (the step: moved), then commit 3 (a note: the same): two probes beside GOOD's run. The budget
+    # is the gate's busy-loop tests' (120 s a combination): beside other work the loop needs more process pairs.
+    repo, commits = stepped
+    done = _bisect(repo, "bench.time_loop", commits[0], commits[5], "--json", "--probe-budget", "120")
+    report = _report(done)
+    print(json.dumps(report["probes"], indent=1))  # pytest -rP: the figures
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert report["method"] == "interleaved pairs" and report["factor"] == benchgate.FACTOR == report["threshold"]
+    assert report["first_bad"]["commit"] == commits[3] and report["first_bad"]["before_commit"] == commits[2]
+    assert report["runs"] <= report["bound"] == math.ceil(math.log2(6)) + 1
+    probes = {p["index"]: p for p in report["probes"]}
+    moved = probes[3]
+    assert moved["verdict"] == "moved" and 1.03 < moved["ratio"] < 1.12 and 1 < moved["low"] < moved["ratio"], moved
+    assert moved["pairs"] >= 40 and "stopped: decided" in moved["note"], moved
+    for same in (p for p in report["probes"] if p["verdict"] == "same"):
+        assert same["index"] < 3 and same["high"] < 1.03, same
+    assert [p["verdict"] for p in report["probes"]].count("same") >= 1
+
+
+def _logged(log_ratios: list[float]) -> tuple[list[Measurement], list[Measurement]]:
+    name = "bench.time_loop"
+    return ([Measurement(name, "", "seconds", 0.02) for _ in log_ratios],
+            [Measurement(name, "", "seconds", 0.02 * math.exp(d)) for d in log_ratios])
+
+
+def test_a_probes_verdict_is_the_gates_against_good():
+    # Process pairs of a 5% step, spread 1%: worse beyond the 3% floor, decided -> moved; no change -> the same;
+    # bounds that straddle the floor when the budget ends -> undecided (no verdict for the probe); a probe whose
+    # benchmark has no value -> failed.
+    rng = random.Random(2)
+    stepped = _logged([0.05 + rng.gauss(0, 0.01) for _ in range(80)])
+    step = judge_rounds(*stepped, per_process=10)
+    flat = judge_rounds(*_logged([rng.gauss(0, 0.01) for _ in range(80)]), per_process=10)
+    straddling = judge_rounds(*_logged([0.0, 0.02, -0.01, 0.03]))
+    assert step.verdict is benchgate.Verdict.WORSE and probe_verdict(step) is Verdict.MOVED, step
+    wide = judge_rounds(*stepped, 1.1, per_process=10)  # the same pairs against a 10% factor: no step that large
+    assert probe_verdict(wide, 1.1) is Verdict.SAME, wide
+    assert flat.verdict is benchgate.Verdict.SAME and probe_verdict(flat) is Verdict.SAME, flat
+    assert probe_verdict(straddling) is Verdict.UNDECIDED, straddling
+    base, _ = _logged([0.0] * 4)
+    failed = judge_rounds(base, [Measurement("bench.time_loop", "", "seconds", None)] * 4)
+    assert probe_verdict(failed) is Verdict.FAILED
 
 
 @pytest.mark.slow

@@ -50,25 +50,28 @@ def _stand_in(bin_dir: Path, name: str, body: str) -> None:
 
 @pytest.fixture(scope="module")
 def nightly(tmp_path_factory):
-    """30 commits, results every third night: a 25% samples/s drop and a 20% slower step, both in ranges of 3
-    commits; the older step is in the first week, so not new."""
+    """60 commits, results every third night (20 nights): a 20% slower step at night 7 (commit 19) and a 25%
+    samples/s drop at night 14 (commit 40), each in a range of 3 commits; the older step comes before --since
+    (commit 28), so it is not new. A level holds 6 nights before the detector calls it one."""
     tmp = tmp_path_factory.mktemp("nightly")
-    commits = make_repo(tmp / "repo", 30)
-    nights = commits[::3]  # 10 nights
+    commits = make_repo(tmp / "repo", 60)
+    nights = commits[::3]  # 20 nights
     ratio = benchmark(_SAMPLES, "samples/s", [["'mnist_maxing'"], ["'ratio'"]], ["workload", "split"])
     step = benchmark(_STEP, "seconds")
-    series = {_SAMPLES: [[v] for v in levels(10, 0.02, seed=5, step_at=8, step=-0.25, base=2800)],
-              _STEP: [[v] for v in levels(10, 0.02, seed=6, step_at=2, step=0.2, base=0.004)]}
+    series = {_SAMPLES: [[v] for v in levels(20, 0.02, seed=5, step_at=13, step=-0.25, base=2800)],
+              _STEP: [[v] for v in levels(20, 0.02, seed=6, step_at=6, step=0.2, base=0.004)]}
     write_history(tmp / "results", nights, [ratio, step], series, machine=MACHINE)
     out = tmp / "regressions"
     out.mkdir()
     done = subprocess.run([sys.executable, "-m", "harness", "regressions", "--results", str(tmp / "results"),
-                           "--since", commits[15], "--json"], cwd=tmp / "repo", capture_output=True, text=True)
+                           "--since", commits[28], "--json"], cwd=tmp / "repo", capture_output=True, text=True)
     assert done.returncode == 1, done.stdout + done.stderr
     (out / "regressions.json").write_text(done.stdout)
     report = json.loads(done.stdout)
-    assert [(r["name"], r["new"], r["commits"]) for r in report["regressions"]] == [(_STEP, False, 3),
-                                                                                    (_SAMPLES, True, 3)]
+    assert [(r["name"], r["new"], r["alert"], r["commits"], r["status"]) for r in report["regressions"]] == [
+        (_STEP, False, False, 3, "standing"), (_SAMPLES, True, True, 3, "standing")]
+    assert (report["regressions"][1]["last_good"], report["regressions"][1]["first_bad"]) == (commits[36],
+                                                                                             commits[39])
     return tmp, commits, report
 
 
@@ -137,3 +140,56 @@ def test_the_report_comments_on_the_open_issue_of_a_known_regression(nightly, tm
     assert not [c for c in calls if c[:2] == ["issue", "create"]]
     comments = [c for c in calls if c[:2] == ["issue", "comment"]]
     assert len(comments) == 1 and comments[0][2] == "12"
+
+
+def _confirm_step(nightly, tmp_path, answer: str, status: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """Runs the confirm step with a stand-in ``python`` that prints ``answer`` and exits ``status``."""
+    _, _, report = nightly
+    runner = tmp_path / "runner"
+    (runner / "regressions").mkdir(parents=True)
+    (runner / "regressions" / "regressions.json").write_text(json.dumps(report))
+    (runner / "regressions" / "summary.md").write_text("unconfirmed summary\n")
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "python", 'printf "%s\\n" "$@" > "$RUNNER_TEMP/harness-args"\n'
+                                 'for a in "$@"; do if [ "$prev" = --markdown ]; then echo confirmed > "$a"; fi; '
+                                 'prev="$a"; done\nprintf "%s" "$ANSWER"\nexit "$STATUS"\n')
+    summary = tmp_path / "summary"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUNNER_TEMP": str(runner),
+           "ASV_MACHINE": MACHINE, "SINCE": "2025-02-01", "GITHUB_STEP_SUMMARY": str(summary), "ANSWER": answer,
+           "STATUS": str(status)}
+    return _bash(_step("bench", "confirm new regressions"), tmp_path, env), runner
+
+
+def test_the_confirm_step_keeps_the_re_measured_report_and_survives_a_crash(nightly, tmp_path):
+    _, _, report = nightly
+    refuted = json.loads(json.dumps(report))
+    refuted["regressions"][1].update(alert=False, confirmation={"verdict": "not confirmed", "method": "asv rounds",
+                                                                "ratio": 1.0, "low": 0.99, "high": 1.01})
+    done, runner = _confirm_step(nightly, tmp_path / "refuted", json.dumps(refuted), 0)
+    assert done.returncode == 0, done.stderr
+    args = (runner / "harness-args").read_text().splitlines()
+    assert args[:3] == ["-m", "harness", "regressions"] and "--confirm" in args and "2025-02-01" in args
+    assert json.loads((runner / "regressions" / "regressions.json").read_text()) == refuted
+    assert (runner / "regressions" / "summary.md").read_text() == "confirmed\n"
+    # a crash (exit 3, no JSON): the unconfirmed report stays, and the night says why
+    done, runner = _confirm_step(nightly, tmp_path / "crashed", "Traceback ...", 3)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((runner / "regressions" / "regressions.json").read_text()) == report
+    assert "stay unconfirmed" in done.stdout
+    # inconclusive (exit 3 with its JSON): kept, with a warning
+    done, runner = _confirm_step(nightly, tmp_path / "inconclusive", json.dumps(report), 3)
+    assert "did not resolve it" in done.stdout
+
+
+def test_a_regression_its_re_measurement_refuted_opens_no_issue(nightly, tmp_path):
+    _, _, report = nightly
+    refuted = json.loads(json.dumps(report))
+    refuted["regressions"][1].update(alert=False, confirmation={"verdict": "not confirmed", "method": "pairs",
+                                                                "ratio": 1.0, "low": 0.99, "high": 1.01, "note": ""})
+    confirmed = json.loads(json.dumps(report))
+    confirmed["regressions"][1]["confirmation"] = {"verdict": "confirmed", "method": "interleaved pairs",
+                                                   "ratio": 1.31, "low": 1.29, "high": 1.33, "note": "40 pairs"}
+    assert not [c for c in _report((None, nightly[1], refuted), tmp_path / "a", []) if c[:2] == ["issue", "create"]]
+    (create,) = [c for c in _report((None, nightly[1], confirmed), tmp_path / "b", []) if c[:2] == ["issue", "create"]]
+    body = create[create.index("--body") + 1]
+    assert "Measured again (interleaved pairs): confirmed, 1.31x (1.29-1.33) (40 pairs)." in body

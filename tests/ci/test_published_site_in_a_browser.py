@@ -6,9 +6,10 @@ Both are served from 127.0.0.1 and loaded in headless Chromium (Playwright drivi
 download) with every request to another host blocked, so anything the pages fetch from the internet fails the
 test. Checked as a person would: the docs' home and a second page show their title, nav and search box, and a
 search finds pages; the dashboard's grid and its benchmark list show the benchmarks (the list sorts), the
-regressions page fills, and a benchmark's page draws a graph with its series. No console error, no failed or
-blocked request. The guard: the same check on plain ``asv publish`` output fails (its CDN scripts are blocked
-and asv shows its error page), so the check can fail.
+regressions page fills, and a benchmark's page draws a graph with its series; harness' own regressions page,
+opened from the link in asv's navigation bar, draws each stepped benchmark with its steps marked. No console
+error, no failed or blocked request. The guard: the same check on plain ``asv publish`` output fails (its CDN
+scripts are blocked and asv shows its error page), so the check can fail.
 
 Screenshots go to ``$HARNESS_ARTIFACTS`` (default: a temporary folder; the path is printed). Marked ``browser``:
 run with ``--run-browser`` where Chromium is installed (.ci/run installs Debian's chromium and runs them).
@@ -43,6 +44,7 @@ MACHINE = "ci"
 SAMPLES = "throughput.Throughput.track_samples_per_second"
 STEP = "throughput.TrainStep.time_train_step"
 TIMEOUT_MS = 20_000
+NIGHTS = 20  # enough for two steps: a level holds at least 6 nights (harness.ci.tracking.changepoints.MIN_RUN)
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,17 @@ def artifacts(tmp_path_factory) -> Path:
 
 
 def _asv_project(tmp: Path) -> Path:
-    """An asv config over a git repository of 12 commits and the results of 6 of them (two benchmarks)."""
-    commits = make_repo(tmp / "repo", 12)
+    """An asv config over a git repository of 40 commits and the results of 20 of them (two benchmarks): samples/s
+    of one combination 20% lower from night 10 on (a standing regression), the train step 15% slower over nights
+    6-12 (a fixed regression, and its fix), the other combination flat."""
+    commits = make_repo(tmp / "repo", 2 * NIGHTS)
     nights = commits[::2]
     samples = benchmark(SAMPLES, "samples/s", [["'mnist_maxing'"], ["'even'", "'ratio'"]], ["workload", "split"])
     step = benchmark(STEP, "seconds")
-    series = {SAMPLES: [[a, b] for a, b in zip(levels(6, 0.02, seed=5, base=2400),
-                                               levels(6, 0.02, seed=7, step_at=4, step=-0.2, base=2800))],
-              STEP: [[v] for v in levels(6, 0.02, seed=6, base=0.004)]}
+    slower = [v * (1.15 if 6 <= i < 13 else 1) for i, v in enumerate(levels(NIGHTS, 0.02, seed=6, base=0.004))]
+    series = {SAMPLES: [[a, b] for a, b in zip(levels(NIGHTS, 0.02, seed=5, base=2400),
+                                               levels(NIGHTS, 0.02, seed=7, step_at=10, step=-0.2, base=2800))],
+              STEP: [[v] for v in slower]}
     write_history(tmp / "results", nights, [samples, step], series, machine=MACHINE)
     config = tmp / "asv.conf.json"
     config.write_text(f'{{"version": 1, "project": "demo", "project_url": "#", "repo": "{tmp / "repo"}", '
@@ -263,3 +268,39 @@ def test_plain_asv_publish_output_fails_the_same_check(browser, sites, artifacts
         assert problems and "did not appear" in problems[0], problems
         assert page.url.endswith("/error.html"), page.url  # asv's "external dependencies failed to load" page
         assert any(url.startswith("https://code.jquery.com/") for url in watch.blocked), watch.problems()
+
+
+def test_the_harness_regressions_page_draws_the_steps_offline(browser, sites, artifacts):
+    """Opened from asv's navigation bar as a person would: one plot per stepped benchmark, its points, levels and
+    marks laid out (a standing regression, a fixed one with its fix, the improvement), nothing loaded from
+    outside."""
+    pages, _ = sites
+    with serve(pages) as base, offline_page(browser) as (page, watch):
+        page.goto(f"{base}/index.html", wait_until="load")
+        link = page.locator("#nav-li-harness-regressions a")
+        link.wait_for(state="visible", timeout=TIMEOUT_MS)
+        link.click()
+        page.wait_for_url("**/harness-regressions.html", timeout=TIMEOUT_MS)
+        plots = page.locator("section.panel svg.plot")
+        assert plots.count() == 2, page.locator("section.panel h2").all_inner_texts()
+        for i in range(plots.count()):
+            box = plots.nth(i).bounding_box()
+            assert box and box["width"] > 800 and box["height"] > 150, box
+        for marks, count in (("g.step.regression.standing", 1), ("g.step.regression.fixed", 1),
+                             ("g.step.improvement", 1)):
+            assert page.locator(marks).count() == count, marks
+            assert page.locator(marks).first.is_visible(), marks
+        band = page.locator("g.step.regression.standing rect.band").bounding_box()
+        assert band and band["width"] >= 2 and band["height"] > 100, band
+        fix = page.locator("g.step.regression.fixed line.fix").bounding_box()  # a vertical line: no width
+        assert fix and fix["height"] > 100, fix
+        levels = [page.locator("svg.plot line.level").nth(i).bounding_box() for i in range(5)]
+        assert page.locator("svg.plot line.level").count() == 5 and all(b and b["width"] > 50 for b in levels)
+        points = page.evaluate("() => [...document.querySelectorAll('svg.plot circle.value')]"
+                               ".filter(c => c.getBoundingClientRect().width > 0).length")
+        assert points == 2 * NIGHTS, points
+        summary = page.locator("table.summary tbody tr").all_inner_texts()
+        assert len(summary) == 3 and "standing regression" in summary[1], summary
+        page.screenshot(path=str(artifacts / "harness-regressions.png"), full_page=True)
+        assert watch.problems() == []
+    assert (artifacts / "harness-regressions.png").stat().st_size > 10_000

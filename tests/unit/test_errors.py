@@ -51,7 +51,7 @@ def test_a_refusal_needs_a_kebab_case_reason(reason):
 
 
 def test_the_dedicated_errors_fit_the_hierarchy():
-    from harness.ci.history import CommitsNotInRepo
+    from harness.ci.tracking.history import CommitsNotInRepo
     from harness.compat import Keras2NotSupported
     from harness.extras import MissingExtra
 

@@ -22,6 +22,8 @@ WORKFLOWS = REPO / ".github" / "workflows"
 GATES = [("bench.yml", "bench", "harness bench-compare"),
          ("reusable-bench-gate.yml", "bench", "harness bench-compare")]
 HISTORY = [("publish.yml", "bench", "find regressions"), ("reusable-nightly.yml", "bench", "find regressions")]
+CONFIRM = [("publish.yml", "bench", "confirm new regressions"),
+           ("reusable-nightly.yml", "bench", "confirm new regressions")]
 
 
 def _script(file: str, job: str, name: str) -> str:
@@ -31,20 +33,24 @@ def _script(file: str, job: str, name: str) -> str:
     return step["run"]
 
 
-def _run(tmp_path: Path, script: str, status: int) -> subprocess.CompletedProcess:
-    """``script`` under ``bash -e`` with a ``harness`` that writes a summary and exits ``status``."""
+def _run(tmp_path: Path, script: str, status: int, answer: str = '{"regressions": []}') -> subprocess.CompletedProcess:
+    """``script`` under ``bash -e`` with a ``harness`` (and ``python -m harness``) that writes a summary, prints
+    ``answer`` and exits ``status``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "harness"
     fake.write_text("#!/bin/bash\n"
                     'while [ $# -gt 0 ]; do if [ "$1" = --markdown ]; then echo "### summary" > "$2"; fi; shift; done\n'
-                    f"echo '{{\"regressions\": []}}'\nexit {status}\n")
+                    f"echo '{answer}'\nexit {status}\n")
     fake.chmod(0o755)
+    python = bin_dir / "python"
+    python.write_text('#!/bin/bash\nif [ "$1 $2" = "-m harness" ]; then shift 2; exec harness "$@"; fi\nexit 127\n')
+    python.chmod(0o755)
     (tmp_path / "summary").write_text("")
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "RUNNER_TEMP": str(tmp_path / "runner"),
            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"), "BASE_REF": "main", "BENCH_MODE": "existing",
            "ASV_MACHINE": "ci", "PR_NUMBER": "7", "BENCH": "", "INSTALL_COMMAND": "", "BENCH_ARGS": "",
-           "SINCE_DAYS": "7"}
+           "SINCE_DAYS": "7", "SINCE": "2025-01-01", "GITHUB_ENV": str(tmp_path / "github-env")}
     (tmp_path / "runner").mkdir(exist_ok=True)
     (tmp_path / "step.sh").write_text(script)
     return subprocess.run(["bash", "-e", str(tmp_path / "step.sh")], env=env, cwd=tmp_path, capture_output=True,
@@ -74,11 +80,52 @@ def test_the_gate_step_fails_with_harness_status_and_names_no_verdict_as_such(tm
 def test_the_regressions_step_goes_on_with_a_verdict_and_stops_without_one(tmp_path, file, job, name, status):
     done = _run(tmp_path, _script(file, job, name), status)
     said = done.stdout + done.stderr
-    if status <= 1:  # 1: regressions found: the report job decides what to open
+    if status <= 1:  # 1: regressions found: the JSON says which to report (`alert`), the confirm step adds it
         assert done.returncode == 0 and "::error::" not in said, said
-        assert (tmp_path / "summary").read_text() == "### summary\n"
+        assert (tmp_path / "runner" / "regressions" / "summary.md").read_text() == "### summary\n"
     else:
         assert done.returncode == status, said
         assert "::error::no verdict: harness regressions could not read the history" in said
         assert "no regression" in said
-        assert (tmp_path / "summary").read_text() == ""  # no report of regressions from a failed read
+    assert (tmp_path / "summary").read_text() == ""  # the job's summary is the confirm step's
+
+
+_ALERT = '{"regressions": [{"alert": true}]}'
+
+
+@pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
+@pytest.mark.parametrize("status", [0, 1, 2, 3])
+def test_the_confirm_step_keeps_a_verdict_and_never_loses_the_night(tmp_path, file, job, name, status):
+    """``--confirm``'s 1 (confirmed) and 0 (none confirmed) replace the report; 3 with its JSON (inconclusive, no
+    verdict) too, with a warning; 2, or 3 without JSON (a crash), keep the unconfirmed report, saying why. The step
+    itself never fails the night: the regressions found are still reported."""
+    out = tmp_path / "runner" / "regressions"
+    out.mkdir(parents=True)
+    (tmp_path / "runner" / "regressions-args").write_text("--results\n.asv/results\n")  # the find step's (reusable)
+    (out / "regressions.json").write_text(_ALERT)
+    (out / "summary.md").write_text("### unconfirmed\n")
+    answer = '{"regressions": [{"alert": true, "confirmation": {}}]}' if status != 2 else "usage"
+    done = _run(tmp_path, _script(file, job, name), status, answer)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    kept = status in (0, 1, 3)
+    assert (out / "regressions.json").read_text().strip() == (answer if kept else _ALERT)
+    assert (tmp_path / "summary").read_text() == ("### summary\n" if kept else "### unconfirmed\n")
+    assert ("did not resolve it" in said) == (status == 3)
+    assert ("stay unconfirmed" in said) == (status == 2)
+    # a crash: exit 3 and no JSON
+    (out / "regressions.json").write_text(_ALERT)
+    done = _run(tmp_path, _script(file, job, name), 3, "Traceback (most recent call last):")
+    assert done.returncode == 0 and "stay unconfirmed" in done.stdout + done.stderr
+    assert (out / "regressions.json").read_text() == _ALERT
+
+
+@pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
+def test_the_confirm_step_measures_nothing_without_an_alert(tmp_path, file, job, name):
+    out = tmp_path / "runner" / "regressions"
+    out.mkdir(parents=True)
+    (out / "regressions.json").write_text('{"regressions": [{"alert": false}]}')
+    (out / "summary.md").write_text("### found\n")
+    done = _run(tmp_path, _script(file, job, name), 1)
+    assert done.returncode == 0 and "no new standing regression to confirm" in done.stdout
+    assert (tmp_path / "summary").read_text() == "### found\n"

@@ -1,45 +1,60 @@
 """Bisection: the first commit between GOOD and BAD that moved one benchmark.
 
-A probe counts as **moved** when it is worse than GOOD by more than the
-threshold ``max(factor, 1 + NOISE_K * noise)``, the noise measured from GOOD's
-recorded samples where asv kept several (``harness.ci.noise``), else the factor
-alone. Worse means higher, or lower for higher-is-better benchmarks
-(``benchgate.higher_is_better``: samples/s, items/s, efficiency, accuracy).
+Worse means slower, or lower for higher-is-better benchmarks (``benchgate.higher_is_better``: samples/s, items/s,
+efficiency, accuracy). Both modes assume one step (a monotonic change) in the range, as ``git bisect`` does.
 
 Two modes, as the gate's (``harness.ci.asvrun``):
 
-  existing    GOOD runs once as the reference, then a binary search over the
-              m = n - 1 commits after it for the first that moved, among m + 1
-              outcomes (commit 1..m, or none: BAD did not move). At most
-              ceil(log2 n) + 1 benchmark runs for n commits, GOOD and BAD counted.
-              Each commit is installed from a worktree into this Python.
-  virtualenv  asv builds each commit in its own environment: this wraps
-              ``asv find`` (its search, its bound: about log2 n + 2 runs), then
-              reads the figures of every commit it ran and judges them alike.
+  existing    GOOD runs once as the reference (its value, and that it runs), then a binary search over the
+              m = n - 1 commits after it for the first that moved, among m + 1 outcomes (commit 1..m, or none:
+              BAD did not move): at most ceil(log2 n) + 1 probes for n commits, GOOD and BAD counted. Each probe
+              is decided against GOOD as the gate decides head against base, GOOD the base and the probe the
+              head (``harness.ci.interleave``): a ``time_`` benchmark in interleaved pairs (each commit
+              installed into a folder of its own), any other in asv rounds of both commits, alternating (AB,
+              BA, ...; each run installs the commit into this Python). A probe **moved** where the gate's rule
+              says worse (the estimate beyond ``factor``, the gate's 1.03 by default, and its lower 99% bound
+              above no change); it is the **same** where the bounds exclude the factor. Measuring goes on
+              until one of the two is decided or ``budget_s`` is spent; a probe still undecided then is
+              **undecided**, no verdict: the search stops there and says so (status 3), as it does where the
+              benchmark fails on a probe. So a step of 5% is resolved where the gate resolves one (its busy
+              loop: tests/ci/test_gate.py), not only steps beyond one run's drift.
+  virtualenv  asv builds each commit in its own environment: this wraps ``asv find`` (its search, its bound:
+              about log2 n + 2 runs), then reads the one value asv saved for every commit it ran and judges it
+              against GOOD's by ``max(factor, 1 + NOISE_K * noise)`` (the noise from GOOD's recorded samples,
+              ``harness.ci.noise``; else the factor alone). One run a commit, runs minutes apart: a step is
+              resolved only where it exceeds that threshold *and* the host's drift between runs (asv runs of a
+              5% longer loop seconds apart measured 1.02-1.09x, docs/regressions.md): steps of a few percent
+              are not resolved there, whatever ``factor`` says; the report notes it.
 
-Both assume one step (a monotonic change) in the range, as ``git bisect`` does.
-Each commit's figures are read back from asv's saved results for the machine;
-a benchmark first discovered on GOOD (``asv run --bench just-discover``) names
-the benchmark and its parameter combination before anything is timed.
+Each commit's asv figures are read back from asv's saved results for the machine; a benchmark first discovered on
+GOOD (``asv run --bench just-discover``) names the benchmark and its parameter combination before anything is timed.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 
-from harness.ci import asvresults, benchgate
+from harness.ci import asvresults, benchgate, interleave
 from harness.ci.asvrun import AsvProject
 from harness.ci.gitrepo import commits_between, rev_parse, subject
 from harness.ci.noise import relative_noise
+from harness.ci.tracking import confirm
 from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue
 
-__all__ = ["Verdict", "Target", "Probe", "Report", "resolve_target", "search", "run_bound", "bisect"]
+__all__ = ["Verdict", "Target", "Probe", "Report", "resolve_target", "search", "run_bound", "bisect",
+           "probe_verdict", "PAIRS", "ROUNDS", "ONE_RUN"]
+
+PAIRS, ROUNDS = confirm.PAIRS, confirm.ROUNDS  # how a probe is decided in existing mode
+ONE_RUN = "one asv run"  # virtualenv mode: asv find's runs, one a commit
 
 
 class Verdict(str, Enum):
@@ -47,6 +62,7 @@ class Verdict(str, Enum):
     MOVED = "moved"
     SAME = "same"
     FAILED = "failed"  # the benchmark failed or was skipped on this commit
+    UNDECIDED = "undecided"  # existing mode: neither moved nor the same when the probe's budget ended (no verdict)
 
 
 @dataclass(frozen=True)
@@ -79,18 +95,28 @@ class Target:
 
 @dataclass(frozen=True)
 class Probe:
-    """One benchmark run: ``index`` counts commits from GOOD (0) to BAD (n - 1)."""
+    """One commit measured: ``index`` counts commits from GOOD (0) to BAD (n - 1).
+
+    ``ratio``: how much worse than GOOD, > 1 worse whatever the direction; in existing mode the gate's estimate
+    from the pairs (or rounds) against GOOD, ``low``/``high`` its one-sided 99% bounds and ``pairs`` the pairs (or
+    rounds) a side; ``note``: how it was measured, or why it failed.
+    """
 
     index: int
     commit: str
     subject: str
     value: float | None
-    ratio: float | None  # how much worse than GOOD: > 1 worse, whatever the direction
+    ratio: float | None
     verdict: Verdict
+    low: float | None = None
+    high: float | None = None
+    pairs: int = 0
+    note: str = ""
 
     def to_json(self) -> dict:
         return {"index": self.index, "commit": self.commit, "subject": self.subject, "value": self.value,
-                "ratio": self.ratio, "verdict": self.verdict.value}
+                "ratio": self.ratio, "low": self.low, "high": self.high, "pairs": self.pairs,
+                "verdict": self.verdict.value, "note": self.note}
 
 
 @dataclass(frozen=True)
@@ -101,18 +127,19 @@ class Report:
     mode: str
     commits: tuple[str, ...]  # GOOD first, BAD last
     factor: float
-    noise: float | None
-    threshold: float
+    noise: float | None  # GOOD's, one run's threshold (ONE_RUN); None in pairs or rounds
+    threshold: float  # one run's: max(factor, 1 + NOISE_K * noise); the factor, the gate's floor, in pairs or rounds
     probes: tuple[Probe, ...] = ()
     first_bad: int | None = None  # index into ``commits``
     bound: int | None = None  # None: asv find's own
     error: str | None = None
     notes: tuple[str, ...] = field(default=())
+    method: str = ONE_RUN  # how the probes were decided: PAIRS, ROUNDS (existing mode) or ONE_RUN (virtualenv)
 
     @property
     def status(self) -> int:
         """0: the first bad commit was found; 1: BAD is not worse than GOOD beyond the threshold; 3: no verdict,
-        a benchmark failed on a probe (``harness.errors.EXIT_NO_VERDICT``)."""
+        a benchmark failed on a probe, or a probe stayed undecided (``harness.errors.EXIT_NO_VERDICT``)."""
         if self.error is not None:
             return EXIT_NO_VERDICT
         return 0 if self.first_bad is not None else 1
@@ -147,7 +174,7 @@ class Report:
                 "bad": self.commits[-1], "commits": len(self.commits), "factor": self.factor, "noise": self.noise,
                 "threshold": self.threshold, "probes": [p.to_json() for p in self.probes], "runs": self.runs,
                 "bound": self.bound, "first_bad": first_bad, "status": self.status, "error": self.error,
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "method": self.method}
 
 
 def run_bound(n: int) -> int:
@@ -216,7 +243,8 @@ def _quoted(choices: Sequence[str]) -> str:
 
 
 def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str | None = None,
-           factor: float = 1.1, progress: Callable[[Report, Probe], None] | None = None) -> Report:
+           factor: float = benchgate.FACTOR, progress: Callable[[Report, Probe], None] | None = None,
+           budget_s: float = interleave.BUDGET_S, log: Callable[[str], None] | None = None) -> Report:
     """Finds the first commit after ``good`` up to ``bad`` that moved ``benchmark``.
 
     Args:
@@ -224,11 +252,16 @@ def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str
         benchmark: a benchmark name, full or a unique dotted suffix (``Work.time_work``).
         good, bad: commits; ``good`` must be an ancestor of ``bad`` (first parents are followed).
         params: the parameter combination, ``", ".join(str(p) for p in combo)``; needed where there are several.
-        factor: a probe moved when worse than GOOD by more than ``max(factor, 1 + NOISE_K * noise)``.
+        factor: existing mode: a probe moved where the gate's rule on ``factor`` says worse than GOOD (module
+            docstring); virtualenv mode: where one run is worse than GOOD's by ``max(factor, 1 + NOISE_K * noise)``.
         progress: called with the report so far and each probe as it completes.
+        budget_s: existing mode: seconds of interleaved sampling per probe (or of asv rounds after the first two a
+            side) before an undecided probe is given up as no verdict.
+        log: called with a line of news while a probe is measured (pairs taken, not decided yet).
 
     Returns:
-        The report; ``status`` 0 found, 1 BAD not worse than GOOD, 3 a benchmark failed on a probe (no verdict).
+        The report; ``status`` 0 found, 1 BAD not worse than GOOD, 3 a benchmark failed on a probe or a probe
+        stayed undecided (no verdict).
 
     Raises:
         ValueError: bad input (commits, benchmark, parameters, factor).
@@ -243,6 +276,8 @@ def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str
     """
     if not factor > 1:
         raise InvalidValue(f"factor must be > 1; got factor={factor!r}")
+    if not budget_s > 0:
+        raise InvalidValue(f"budget_s must be > 0 seconds; got budget_s={budget_s!r}")
     good, bad = rev_parse(project.root, good), rev_parse(project.root, bad)
     if good == bad:
         raise InvalidValue(f"GOOD and BAD are the same commit ({good[:12]}): nothing to search")
@@ -257,39 +292,86 @@ def bisect(project: AsvProject, benchmark: str, good: str, bad: str, params: str
     say = progress or (lambda report, probe: None)
     if project.mode == "virtualenv":
         return _bisect_with_asv_find(project, target, commits, factor, say)
-    return _bisect_existing(project, target, commits, factor, say)
+    return _bisect_existing(project, target, commits, factor, say, budget_s, log)
 
 
 class _ProbeFailed(Exception):
     pass
 
 
+def probe_verdict(row: benchgate.Row, factor: float = benchgate.FACTOR) -> Verdict:
+    """The gate's row for GOOD (base) against a probe (head) as the probe's verdict: worse -> moved, decided the
+    same (or better) -> same, undecided (or one process pair) -> undecided, a side without a value -> failed.
+    The mapping ``harness regressions --confirm`` makes (``confirm.verdict_of``), named for a bisection."""
+    return {confirm.Verdict.CONFIRMED: Verdict.MOVED, confirm.Verdict.NOT_CONFIRMED: Verdict.SAME,
+            confirm.Verdict.INCONCLUSIVE: Verdict.UNDECIDED,
+            confirm.Verdict.NO_VERDICT: Verdict.FAILED}[confirm.verdict_of(row, factor)]
+
+
 def _bisect_existing(project: AsvProject, target: Target, commits: tuple[str, ...], factor: float,
-                     say: Callable[[Report, Probe], None]) -> Report:
+                     say: Callable[[Report, Probe], None], budget_s: float,
+                     log: Callable[[str], None] | None) -> Report:
     bound = run_bound(len(commits))
-    project.run_commit(commits[0], bench=[target.regex])
-    value, samples = _read(project, commits[0], target)
-    report = _reference(project, target, commits, factor, value, samples, "existing", bound)
+    how = PAIRS if interleave.pairable(project, target.name) and not target.higher_is_better else ROUNDS
+    project.run_commit(commits[0], bench=[target.regex])  # GOOD's value, and that it runs at all
+    value, _ = _read(project, commits[0], target)
+    report = replace(_reference(project, target, commits, factor, value, None, "existing", bound), method=how)
     say(report, report.probes[0])
     if report.error:
         return report
+    with tempfile.TemporaryDirectory(prefix="harness-bisect-") as folder:
+        installed: dict[str, Path] = {}
 
-    def is_moved(index: int) -> bool:
-        nonlocal report
-        project.run_commit(commits[index], bench=[target.regex])
-        probe = _judge(project, report, index, *_read(project, commits[index], target))
-        report = replace(report, probes=(*report.probes, probe))
-        say(report, probe)
-        if probe.verdict is Verdict.FAILED:
-            raise _ProbeFailed(f"{target.label} failed on {commits[index][:12]} ({probe.subject}): stopped there; "
-                               f"bisect a range that excludes it")
-        return probe.verdict is Verdict.MOVED
+        def measure(index: int) -> benchgate.Row:
+            if how == ROUNDS:
+                return interleave.compare_rounds(project, target.key, commits[0], commits[index], factor,
+                                                 budget_s=budget_s, progress=log)
+            for commit in (commits[0], commits[index]):
+                if commit not in installed:
+                    project.install_into(commit, Path(folder) / commit[:12])
+                    installed[commit] = Path(folder) / commit[:12]
+            # see=False: a probe is the same once its bounds exclude the factor (a gate's pass also goes on until
+            # it could see 5%, for its *detects*; a bisection does not report one)
+            return interleave.compare(project, target.key, target.unit, (installed[commits[0]],
+                                                                         installed[commits[index]]),
+                                      factor, budget_s=budget_s, progress=log, see=False)
 
-    try:
-        first_bad = search(len(commits) - 1, is_moved)
-    except _ProbeFailed as err:
-        return replace(report, error=str(err))
+        def is_moved(index: int) -> bool:
+            nonlocal report
+            try:
+                probe = _from_row(project, index, commits[index], measure(index), factor)
+            except Failed as err:
+                probe = Probe(index, commits[index], subject(project.root, commits[index]), None, None,
+                              Verdict.FAILED, note=str(err))
+            report = replace(report, probes=(*report.probes, probe))
+            say(report, probe)
+            where = f"{commits[index][:12]} ({probe.subject})"
+            if probe.verdict is Verdict.FAILED:
+                raise _ProbeFailed(f"{target.label} failed on {where}: stopped there; bisect a range that "
+                                   f"excludes it" + (f" ({probe.note})" if probe.note else ""))
+            if probe.verdict is Verdict.UNDECIDED:
+                raise _ProbeFailed(f"{target.label} on {where} is undecided against GOOD after {probe.pairs} "
+                                   f"{how} a side within the probe's budget of {budget_s:g} s: no verdict for this "
+                                   f"probe, so the search stops there; give a larger budget (--probe-budget), or "
+                                   f"bisect with a --factor further from the change")
+            return probe.verdict is Verdict.MOVED
+
+        try:
+            first_bad = search(len(commits) - 1, is_moved)
+        except _ProbeFailed as err:
+            return replace(report, error=str(err))
     return replace(report, first_bad=first_bad)
+
+
+def _from_row(project: AsvProject, index: int, commit: str, row: benchgate.Row, factor: float) -> Probe:
+    """A probe from the gate's row for GOOD (base) against it (head)."""
+    low = high = None
+    if row.pairs is not None:
+        low = math.exp(row.pairs.low) if math.isfinite(row.pairs.low) else None
+        high = math.exp(row.pairs.high) if math.isfinite(row.pairs.high) else None
+    value = row.head if row.head is not None and not math.isnan(row.head) else None
+    return Probe(index, commit, subject(project.root, commit), value, row.ratio, probe_verdict(row, factor), low,
+                 high, min(row.rounds), row.note)
 
 
 def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[str, ...], factor: float,
@@ -307,6 +389,10 @@ def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[st
             ran.append(commits[index])
     value, samples = _read(project, commits[0], target)
     report = _reference(project, target, commits, factor, value, samples, "virtualenv", None)
+    report = replace(report, notes=(f"virtualenv mode: one asv run a commit, judged against GOOD's by "
+                                    f"{report.threshold:.2f}x; runs minutes apart drift by a few percent, so a "
+                                    f"smaller step is not resolved here (existing mode decides each probe in "
+                                    f"interleaved pairs, or asv rounds, by the gate's rule)",))
     for commit in ran:
         if commit != commits[0]:
             probe = _judge(project, report, commits.index(commit), *_read(project, commit, target))
@@ -359,6 +445,7 @@ def _parse_find(lines: list[str], commits: Sequence[str]) -> tuple[list[str], in
 
 def _reference(project: AsvProject, target: Target, commits: tuple[str, ...], factor: float, value: float | None,
                samples: Sequence[float] | None, mode: str, bound: int | None) -> Report:
+    """The report with GOOD's probe; the threshold from ``samples`` (GOOD's), the factor alone without them."""
     noise = relative_noise(samples) if samples and len(samples) > 1 else None
     threshold = benchgate.threshold(factor, noise)
     probe = Probe(0, commits[0], subject(project.root, commits[0]), value, 1.0 if _ok(value) else None,
