@@ -13,7 +13,7 @@ BAD is no worse than GOOD; stop with exit 3 on a failing probe and exit 2 on bad
 input. A second repository holds a CPU-bound busy loop made 7.5% longer at one
 commit of six: bisected at the default factor (the gate's 1.03) in interleaved
 pairs, it must be named, a step one asv run a commit does not resolve (runs of
-a 5% longer loop seconds apart measured 1.02-1.09x, docs/regressions.md). The
+a 5% longer loop seconds apart measured 1.02-1.09x, harness.ci.interleave). The
 search itself, the name resolution and the probe's verdict are tested without
 asv, in milliseconds.
 """
@@ -171,6 +171,11 @@ def test_bisect_resolves_a_7_percent_step_of_a_busy_loop_in_interleaved_pairs(st
     repo, commits = stepped
     done = _bisect(repo, "bench.time_loop", commits[0], commits[5], "--json", "--probe-budget", "120")
     report = _report(done)
+    if done.returncode == 3 and any(p["verdict"] == "undecided" for p in report["probes"]):
+        # A probe the host left undecided within its budget is no verdict on bisect (it says so, exit 3): once
+        # more, as the tuner's host-bound runs are (tests/parallel/test_tune.py), with twice the budget.
+        done = _bisect(repo, "bench.time_loop", commits[0], commits[5], "--json", "--probe-budget", "240")
+        report = _report(done)
     print(json.dumps(report["probes"], indent=1))  # pytest -rP: the figures
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert report["method"] == "interleaved pairs" and report["factor"] == benchgate.FACTOR == report["threshold"]

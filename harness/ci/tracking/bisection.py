@@ -23,7 +23,7 @@ Two modes, as the gate's (``harness.ci.asvrun``):
               against GOOD's by ``max(factor, 1 + NOISE_K * noise)`` (the noise from GOOD's recorded samples,
               ``harness.ci.noise``; else the factor alone). One run a commit, runs minutes apart: a step is
               resolved only where it exceeds that threshold *and* the host's drift between runs (asv runs of a
-              5% longer loop seconds apart measured 1.02-1.09x, docs/regressions.md): steps of a few percent
+              5% longer loop seconds apart measured 1.02-1.09x, harness.ci.interleave): steps of a few percent
               are not resolved there, whatever ``factor`` says; the report notes it.
 
 Each commit's asv figures are read back from asv's saved results for the machine; a benchmark first discovered on
