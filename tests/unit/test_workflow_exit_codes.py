@@ -9,6 +9,7 @@ tests/unit/test_adopt_ci.py holds to the same steps) are checked.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,10 @@ GATES = [("bench.yml", "bench", "harness bench-compare"),
 HISTORY = [("publish.yml", "bench", "find regressions"), ("reusable-nightly.yml", "bench", "find regressions")]
 CONFIRM = [("publish.yml", "bench", "confirm new regressions"),
            ("reusable-nightly.yml", "bench", "confirm new regressions")]
+# The confirm step picks its regressions with jq (as the runners' images carry it; scripts/dev-env.sh installs it):
+# without jq it would read every report as "nothing to confirm" and these tests would pass for the wrong reason.
+needs_jq = pytest.mark.skipif(shutil.which("jq") is None,
+                              reason="jq is not installed: the nightly's confirm step is jq over JSON")
 
 
 def _script(file: str, job: str, name: str) -> str:
@@ -93,6 +98,7 @@ def test_the_regressions_step_goes_on_with_a_verdict_and_stops_without_one(tmp_p
 _ALERT = '{"regressions": [{"alert": true}]}'
 
 
+@needs_jq
 @pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
 @pytest.mark.parametrize("status", [0, 1, 2, 3])
 def test_the_confirm_step_keeps_a_verdict_and_never_loses_the_night(tmp_path, file, job, name, status):
@@ -120,6 +126,7 @@ def test_the_confirm_step_keeps_a_verdict_and_never_loses_the_night(tmp_path, fi
     assert (out / "regressions.json").read_text() == _ALERT
 
 
+@needs_jq
 @pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
 def test_the_confirm_step_measures_nothing_without_an_alert(tmp_path, file, job, name):
     out = tmp_path / "runner" / "regressions"
@@ -129,3 +136,23 @@ def test_the_confirm_step_measures_nothing_without_an_alert(tmp_path, file, job,
     done = _run(tmp_path, _script(file, job, name), 1)
     assert done.returncode == 0 and "no new standing regression to confirm" in done.stdout
     assert (tmp_path / "summary").read_text() == "### found\n"
+
+
+@needs_jq
+@pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
+def test_the_confirm_step_fails_where_it_cannot_read_the_report(tmp_path, file, job, name):
+    """A report that is not JSON, or a runner without jq, fails the step: never "nothing to confirm"."""
+    out = tmp_path / "runner" / "regressions"
+    out.mkdir(parents=True)
+    (out / "regressions.json").write_text("Traceback (most recent call last):\n")
+    (out / "summary.md").write_text("### found\n")
+    done = _run(tmp_path, _script(file, job, name), 1)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "no new standing regression to confirm" not in said, said
+    (out / "regressions.json").write_text(_ALERT)
+    jq = tmp_path / "bin" / "jq"  # the runner's PATH finds this one first: jq as a runner without it answers
+    jq.write_text("#!/bin/bash\necho 'jq: command not found' >&2\nexit 127\n")
+    jq.chmod(0o755)
+    done = _run(tmp_path, _script(file, job, name), 1)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "no new standing regression to confirm" not in said, said
