@@ -27,11 +27,15 @@ order-statistic bounds (no assumption on the noise's shape) for ``MEDIAN_PAIRS``
 - main's night-to-night noise (``--history``) is shown beside each row, never used to widen its threshold: pairs
   taken in one job do not see the drift between jobs that it measures;
 - a benchmark with a single value on a side (``asv run --quick``, one round) is **unjudged**;
-- a benchmark that ran on base and fails on head is an **error**.
+- a benchmark that ran on base and fails on head is an **error**;
+- a judgment still undecided when the measuring stops (:func:`conclude`: its budget or ``--max-rounds`` spent
+  while its bounds straddle the factor, so that it could not tell a ``factor`` slow-down from none) is
+  **inconclusive**, never a pass; so is a benchmark that ran on base and is skipped on head (nothing measured).
 
-Exit status (``harness.errors``' convention): 0 clean, 1 some benchmark worse, 3 no verdict: some benchmark
-errored on head (errors win: a crash is never read as a pass, nor as a slow-down), or nothing was judged (no
-benchmark compared, or every one skipped or with a single value). ``markdown`` renders a summary fit for a
+Exit status (``harness.errors``' convention, :func:`exit_status`): 0 clean, 1 some benchmark worse, 3 no verdict:
+some benchmark errored on head (errors win: a crash is never read as a pass, nor as a slow-down), or nothing was
+judged (no benchmark compared, or every one skipped or with a single value), or (``inconclusive="fail"``, the
+default) some benchmark inconclusive; :func:`outcome` names which. ``markdown`` renders a summary fit for a
 pull-request comment, its first line naming the cause.
 """
 
@@ -49,7 +53,8 @@ from harness.ci.asvresults import Key, Measurement, is_skipped
 from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
-           "decided", "settled", "judge_all", "judged_values", "worse_ratio", "threshold", "exit_status", "markdown",
+           "decided", "settled", "conclude", "outcome", "INCONCLUSIVE_POLICIES",
+           "judge_all", "judged_values", "worse_ratio", "threshold", "exit_status", "markdown",
            "check_per_process", "NOISE_K", "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
@@ -81,6 +86,11 @@ class Verdict(str, Enum):
     FIXED = "fixed"  # failed on base, runs on head
     SKIPPED = "skipped"  # not run on one side (skipped combination, new or removed benchmark)
     UNJUDGED = "unjudged"  # a single value on a side: no spread to judge against
+    INCONCLUSIVE = "inconclusive"  # measuring stopped before it could tell a factor slow-down from none
+
+
+# What an inconclusive benchmark makes of the exit status: "fail" 3 (no verdict), "warn" none (said, exit 0 or 1).
+INCONCLUSIVE_POLICIES = ("fail", "warn")
 
 
 @dataclass(frozen=True)
@@ -294,6 +304,8 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     base_value, head_value = _side_value(base), _side_value(head)
     row = replace(row, base=base_value, head=head_value)
     status = _status(base_value, head_value)
+    if status is Verdict.SKIPPED and head and not _missing(base_value):  # ran on base: head's setup skipped it
+        return replace(row, verdict=Verdict.INCONCLUSIVE, note="skipped on head, ran on base: nothing measured")
     if status is not None or base_value is None or head_value is None:
         return replace(row, verdict=status or Verdict.SAME)
     if min(counts) < 2:
@@ -331,6 +343,30 @@ def decided(row: Row, factor: float | None = None, *, see: bool = False) -> bool
     return settled(row.pairs, factor if factor is not None else FACTOR, see=see)
 
 
+def conclude(rows: Sequence[Row], factor: float = FACTOR) -> list[Row]:
+    """``rows`` once the measuring has stopped: a pass (``same``) that is not :func:`decided` on ``factor`` - its upper
+    bound still above the factor, so that a ``factor`` slow-down would have looked the same - is **inconclusive**,
+    its note saying what it saw and about how many more values it would have needed."""
+    concluded = []
+    for row in rows:
+        if row.verdict is Verdict.SAME and row.pairs is not None and not decided(row, factor):
+            row = replace(row, verdict=Verdict.INCONCLUSIVE, note=_short_of(row.pairs, factor) +
+                          (f"; {row.note}" if row.note else ""))
+        concluded.append(row)
+    return concluded
+
+
+def _short_of(pairs: Paired, factor: float) -> str:
+    """Why ``pairs`` are inconclusive, and roughly how many values would settle them (the bound's margin shrinking
+    as one over the square root of their number, the estimate staying where it is)."""
+    floor = math.log(factor)
+    said = f"could not tell {factor:g}x from no change in {pairs.n} values (upper bound {math.exp(pairs.high):.3f}x)"
+    if pairs.estimate < floor and math.isfinite(pairs.high):
+        needed = math.ceil(pairs.n * ((pairs.high - pairs.estimate) / (floor - pairs.estimate)) ** 2)
+        said += f"; about {needed} would resolve it"
+    return said
+
+
 def sees(factor: float = FACTOR) -> float:
     """The change a pass taken in interleaved pairs must be able to see before it stops: ``factor - 1`` plus
     ``SEES_BEYOND`` (0.05 at the default factor)."""
@@ -358,6 +394,11 @@ def _side_value(measurements: Sequence[Measurement]) -> float | None:
     if any(m.value is None for m in measurements):
         return None
     return statistics.median([m.value for m in measurements if m.value is not None])
+
+
+def _missing(value) -> bool:
+    """No value: failed (None) or skipped (NaN)."""
+    return value is None or is_skipped(value)
 
 
 def _status(base, head) -> Verdict | None:
@@ -413,11 +454,29 @@ def judge_all(rounds: Rounds, factor: float = FACTOR, history: Mapping[Key, Nois
             for key in rounds.keys()]
 
 
-def exit_status(rows: list[Row]) -> int:
+def outcome(rows: list[Row]) -> str:
+    """What ``rows`` say as a whole, whatever the exit status makes of it: "no verdict" (a benchmark errored on head,
+    or none was judged), "regression" (one got worse), "inconclusive" (one could not be told apart), or "clean"."""
+    if _no_verdict(rows):
+        return "no verdict"
+    if any(r.verdict is Verdict.WORSE for r in rows):
+        return "regression"
+    return "inconclusive" if any(r.verdict is Verdict.INCONCLUSIVE for r in rows) else "clean"
+
+
+def exit_status(rows: list[Row], inconclusive: str = "fail") -> int:
     """``EXIT_NO_VERDICT`` (3) if a benchmark errored on head or none was judged, else ``EXIT_VERDICT`` (1) if one
-    got worse, else 0."""
-    return EXIT_NO_VERDICT if _no_verdict(rows) else EXIT_VERDICT if any(r.verdict is Verdict.WORSE for r in rows) \
-        else EXIT_OK
+    got worse, else 3 if one is inconclusive and ``inconclusive`` is "fail", else 0.
+
+    Raises:
+        InvalidValue: ``inconclusive`` is not one of ``INCONCLUSIVE_POLICIES``.
+    """
+    if inconclusive not in INCONCLUSIVE_POLICIES:
+        raise InvalidValue(f"inconclusive must be one of {', '.join(INCONCLUSIVE_POLICIES)}; got {inconclusive!r}")
+    said = outcome(rows)
+    if said == "no verdict" or (said == "inconclusive" and inconclusive == "fail"):
+        return EXIT_NO_VERDICT
+    return EXIT_VERDICT if said == "regression" else EXIT_OK
 
 
 def _no_verdict(rows: list[Row]) -> str | None:
@@ -425,24 +484,31 @@ def _no_verdict(rows: list[Row]) -> str | None:
     errors = [r for r in rows if r.verdict is Verdict.ERROR]
     if errors:
         return f"{len(errors)} benchmark{'s' * (len(errors) > 1)} failed on head"
-    if not any(r.verdict in (Verdict.WORSE, Verdict.BETTER, Verdict.SAME, Verdict.FIXED) for r in rows):
+    if not any(r.verdict in (Verdict.WORSE, Verdict.BETTER, Verdict.SAME, Verdict.FIXED, Verdict.INCONCLUSIVE)
+               for r in rows):
         return "no benchmark was compared" if not rows else "no benchmark judged (skipped, or one value a side)"
     return None
 
 
 def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
     """A pull-request comment: verdict line, then the table (worse and errors first)."""
-    status, why = exit_status(rows), _no_verdict(rows)
+    said, why = outcome(rows), _no_verdict(rows)
     counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
-    head_line = {EXIT_OK: ":white_check_mark: No benchmark got worse", EXIT_VERDICT: ":x: Performance regression",
-                 EXIT_NO_VERDICT: f":grey_question: No verdict, an infrastructure error: {why}"}[status]
+    unsure = counts[Verdict.INCONCLUSIVE]
+    head_line = {"clean": ":white_check_mark: No benchmark got worse", "regression": ":x: Performance regression",
+                 "inconclusive": f":grey_question: Inconclusive: {unsure} benchmark{'s' * (unsure > 1)} could not "
+                                 f"tell {factor:g}x from no change (not a slow-down)",
+                 "no verdict": f":grey_question: No verdict, an infrastructure error: {why}"}[said]
+    if said == "regression" and unsure:
+        head_line += f" ({unsure} more inconclusive)"
     lines = [f"### {head_line}: `{head[:12]}` vs `{base[:12]}` (factor {factor:g})", "",
              ", ".join(f"{counts[v]} {v.value}" for v in Verdict if counts[v]) or "no benchmarks compared", ""]
-    order = [Verdict.ERROR, Verdict.WORSE, Verdict.BETTER, Verdict.FIXED, Verdict.UNJUDGED, Verdict.SAME,
-             Verdict.SKIPPED]
+    order = [Verdict.ERROR, Verdict.WORSE, Verdict.INCONCLUSIVE, Verdict.BETTER, Verdict.FIXED, Verdict.UNJUDGED,
+             Verdict.SAME, Verdict.SKIPPED]
     lines += ["| | benchmark | before | after | worse by | noise | detects | unit | note |",
               "|---|---|---|---|---|---|---|---|---|"]
-    marks = {Verdict.ERROR: "!", Verdict.WORSE: "+", Verdict.BETTER: "-", Verdict.FIXED: "*", Verdict.UNJUDGED: "?"}
+    marks = {Verdict.ERROR: "!", Verdict.WORSE: "+", Verdict.BETTER: "-", Verdict.FIXED: "*", Verdict.UNJUDGED: "?",
+             Verdict.INCONCLUSIVE: "~"}
     for row in sorted(rows, key=lambda r: (order.index(r.verdict), r.name, r.params)):
         name = row.name + (f" ({row.params})" if row.params else "")
         ratio = "" if row.ratio is None else f"{row.ratio:.3f}x"
@@ -453,7 +519,8 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
         lines.append(f"| {marks.get(row.verdict, '')} | `{name}` | {_value(row.base)} | {_value(row.head)} | "
                      f"{ratio} | {noise} | {detects} | {row.unit} | {row.note} |")
     lines += ["", "`+` worse: beyond the factor and beyond the noise (its lower 99% bound above no change), `-` "
-              "better, `!` failed on head, `*` fixed, `?` unjudged (a single value, or one process pair: no spread); "
+              "better, `!` failed on head, `~` inconclusive (measuring stopped before it could tell the factor from no "
+              "change, or skipped on head), `*` fixed, `?` unjudged (a single value, or one process pair: no spread); "
               "samples/s, "
               "efficiency and final accuracy count higher as better. *worse by*: the pairs' estimate (base and head "
               "measured next to each other); *noise*: the spread of one pair (of one process pair's median, where "

@@ -12,14 +12,19 @@ not yet tell worse from the same is measured again - pairs for ``time_``
 benchmarks, whole rounds for the others (to ``--max-rounds``) - until they do
 or the budget is spent. Each verdict is printed with its spread and the change it
 catches 95% of the time (*detects*): what the gate resolved, not what it hoped
-to. ``--history`` (main's nightly results) adds each benchmark's night-to-night
+to. A benchmark still undecided when its budget is spent - one that could not
+tell a --factor slow-down from none - is *inconclusive*, never a pass; so is one
+that ran on base and is skipped on head. ``--history`` (main's nightly results) adds each benchmark's night-to-night
 noise to the table; it does not widen the threshold. A benchmark with one value
 per side (one round, asv ``--quick``) is not judged.
 
 Exit status: 0 clean; 1 a benchmark worse; 2 a usage error or bad input; 3 no
 verdict, an infrastructure error: a benchmark errors on head, asv failed or
 recorded no results, or nothing could be judged (never read as a slow-down or
-as a pass). Prints a Markdown summary for a pull-request comment, its first
+as a pass); 3 too where a benchmark is inconclusive and --inconclusive is fail
+(the default; warn: said in the summary, the status as if it were not there).
+The JSON's "outcome" names which: clean, regression, inconclusive, no verdict.
+Prints a Markdown summary for a pull-request comment, its first
 line naming the verdict or why there is none (``--markdown FILE`` also writes
 it; ``--json`` prints every round).
 
@@ -78,6 +83,9 @@ def add_parser(subparsers) -> None:
                    help="judge after --rounds: no more rounds and no more pairs for undecided benchmarks")
     p.add_argument("--no-interleave", action="store_true",
                    help="existing mode: judge time_ benchmarks on asv's rounds too, not on interleaved pairs")
+    p.add_argument("--inconclusive", choices=("fail", "warn"), default="fail",
+                   help="a benchmark that could not tell --factor from no change within its budget: fail (exit 3, "
+                        "the default: never a silent pass) or warn (said in the summary only)")
     p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
                    help="seconds of interleaved sampling per time_ benchmark combination at most, new process "
                         "pairs' set-up counted (default 60)")
@@ -147,18 +155,19 @@ def run(args) -> int:
             print(f"harness bench-compare: round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
             measure(args.bench or [])
         rows = benchgate.judge_all(rounds, args.factor, history)
-        rows = _interleave(args, project, base, head, rows, history)
-        rows = _more_rounds(args, rounds, rows, history, measure)
+        rows, in_pairs = _interleave(args, project, base, head, rows, history)
+        rows = benchgate.conclude(_more_rounds(args, rounds, rows, history, measure, in_pairs), args.factor)
     except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
         print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT
-    status = benchgate.exit_status(rows)
+    status = benchgate.exit_status(rows, args.inconclusive)
     text = benchgate.markdown(rows, base, head, args.factor)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
         json.dump({"base": base, "head": head, "factor": args.factor, "mode": project.mode,
-                   "rounds": args.rounds, "status": status, "rows": [r.to_json() for r in rows],
+                   "rounds": args.rounds, "status": status, "outcome": benchgate.outcome(rows),
+                   "inconclusive": args.inconclusive, "rows": [r.to_json() for r in rows],
                    "values": rounds.to_json()}, sys.stdout, indent=2)
         print()
     else:
@@ -178,8 +187,9 @@ def _timed(name: str) -> bool:
     return timed(name)
 
 
-def _interleave(args, project, base: str, head: str, rows: list, history: dict) -> list:
-    """Existing mode: each judged ``time_`` row judged again on interleaved pairs (``interleave.compare``)."""
+def _interleave(args, project, base: str, head: str, rows: list, history: dict) -> tuple[list, set]:
+    """Existing mode: each judged ``time_`` row judged again on interleaved pairs (``interleave.compare``); the rows,
+    and the keys of those judged on pairs (their verdict is the pairs', undecided or not: no rounds replace it)."""
     import tempfile
 
     from harness.ci import interleave
@@ -187,14 +197,14 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
 
     wanted = [row for row in rows if _timed(row.name) and _both_measured(row)]
     if project.mode != "existing" or args.no_interleave or not wanted:
-        return rows
+        return rows, set()
     with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
         try:
             targets = interleave.install_pair(project, base, head, Path(folder))
         except (Failed, Unavailable) as err:  # the rounds' rows stand, saying why
             print(f"harness bench-compare: warning: no interleaved pairs: {err}", file=sys.stderr)
-            return [replace(row, note=f"not timed in pairs: {err}") if row in wanted else row for row in rows]
-        judged = {}
+            return [replace(row, note=f"not timed in pairs: {err}") if row in wanted else row for row in rows], set()
+        judged, in_pairs = {}, set()
         for row in wanted:
             key = (row.name, row.params)
             print(f"harness bench-compare: timing {_label(key)} in interleaved pairs", file=sys.stderr, flush=True)
@@ -214,11 +224,13 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
                 judged[key] = replace(row, note=f"not timed in pairs: {again.note}")
                 continue
             judged[key] = again
-    return [judged.get((row.name, row.params), row) for row in rows]
+            in_pairs.add(key)
+    return [judged.get((row.name, row.params), row) for row in rows], in_pairs
 
 
-def _more_rounds(args, rounds, rows: list, history: dict, measure) -> list:
-    """Rows not decided after ``--rounds`` (and not timed in pairs) get whole rounds until decided or
+def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set) -> list:
+    """Rows not decided after ``--rounds`` and not judged on interleaved pairs (``in_pairs``: an undecided one keeps
+    its pairs' verdict, which :func:`benchgate.conclude` then calls inconclusive) get whole rounds until decided or
     ``--max-rounds``."""
     import re
 
@@ -227,7 +239,7 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure) -> list:
     while not args.no_rerun:
         undecided = [row for row in rows if not benchgate.decided(row, args.factor)
                      and len(rounds.base.get((row.name, row.params), [])) < args.max_rounds
-                     and not (row.noise is not None and row.noise.source.endswith("interleaved pairs"))]
+                     and (row.name, row.params) not in in_pairs]
         if not undecided:
             return rows
         keys = {(row.name, row.params) for row in undecided}

@@ -132,13 +132,16 @@ def test_gate_passes_five_a_a_runs_of_one_commit(planted):
 def check_measures_an_undecided_benchmark_again(gate, repo: Path, first: str, slowest: str) -> None:
     # Each combination's value flips between 100 and 130 call by call (a counter beside the benchmark), so the pairs
     # disagree as much as they can (1.3x, then 1/1.3x: AB then BA): never decided, each combination is measured
-    # again round by round up to --max-rounds, then judged the same (the flips cancel).
+    # again round by round up to --max-rounds, and then - the flips cancel, the spread does not - inconclusive (exit
+    # 3, the default --inconclusive fail): a pass it could not see would be a silent one.
     done = _compare(gate, repo, first, slowest, "--max-rounds", "4")
-    assert done.returncode == 0, _said(done)
+    assert done.returncode == 3, _said(done)
     assert "not decided yet, measuring once more: bench.Work.track_flip ('large'), bench.Work.track_flip ('small')" \
         in done.stderr
+    assert done.stdout.startswith("### :grey_question: Inconclusive: 2 benchmarks could not tell 1.03x"), _said(done)
     rows = _rows(done, "bench.Work.track_flip")
-    assert len(rows) == 2 and all(row.noise.endswith(" 4 rounds") for row in rows), done.stdout
+    assert len(rows) == 2 and all(row.noise.endswith(" 4 rounds") and row.mark == "~" for row in rows), done.stdout
+    assert all(row.note.startswith("could not tell 1.03x from no change in 4 values") for row in rows), done.stdout
 
 
 _PARAM_BENCH = textwrap.dedent('''
@@ -371,14 +374,27 @@ def check_busy_loop_raising_is_no_verdict(gate, repo: Path, commits: dict) -> No
     assert done.returncode == 3 and "| ! |" in done.stdout, _said(done)
 
 
+def _once_more_if_inconclusive(check, busy) -> None:
+    """``verify_claim(check, *busy)``, asked once more where the real gate said it was inconclusive: beside other
+    work this host's speed can move by a third for longer than the pairs' budget (.ci/run at 1315653: the pairs
+    undecided after 120 s, then asv rounds 22% apart), and a gate that says so is right. A pass, a regression or no
+    verdict is final; two inconclusive runs fail the test."""
+    try:
+        verify_claim(check, *busy)
+    except AssertionError as err:
+        if ":grey_question: Inconclusive" not in str(err):
+            raise
+        verify_claim(check, *busy)
+
+
 @pytest.mark.extended
 def test_a_readme_change_to_a_busy_loop_passes_and_the_pass_could_see_5_percent(busy):
-    verify_claim(check_busy_loop_readme_change_passes, *busy)
+    _once_more_if_inconclusive(check_busy_loop_readme_change_passes, busy)
 
 
 @pytest.mark.extended
 def test_a_busy_loop_5_percent_longer_fails_the_gate(busy):
-    verify_claim(check_busy_loop_5_percent_longer_fails, *busy)
+    _once_more_if_inconclusive(check_busy_loop_5_percent_longer_fails, busy)
 
 
 @pytest.mark.extended

@@ -335,3 +335,37 @@ def test_a_check_that_fails_on_a_plant_before_it_decides_is_an_error_not_a_pass(
 
     with pytest.raises(ReplayError, match="before it decided anything"):
         verify_plants(check, gate, repo)
+
+
+def _undecided_pairs(rng, commit: str, extra_rounds: int) -> tuple:
+    """Two quiet rounds, then 40 interleaved pairs from 4 process pairs whose time varies by a third from call to
+    call, head 5% slower, stopped on their budget (undecided), then ``extra_rounds`` rounds in which head measures
+    the same as base: what a gate that measured the row again in rounds would read."""
+    def measured(seconds):
+        return commit, {_KEY: Measurement(*_KEY, "seconds", seconds, (seconds,) * 10, {"repeat": 10})}
+
+    def sampled(seconds):
+        return tuple(Measurement(*_KEY, "seconds", float(s)) for s in seconds * (1 + 0.3 * rng.uniform(-1, 1, 40)))
+    reads = (measured(0.02), measured(0.021), measured(0.021), measured(0.02))
+    reads += (("pairs", (_KEY, interleave.Sampled(sampled(0.02), sampled(0.021), 1, "budget", per_process=10))),)
+    return reads + tuple(read for _ in range(extra_rounds) for read in (measured(0.02), measured(0.02)))
+
+
+@pytest.mark.parametrize("policy", ["fail", "warn"])
+def test_an_undecided_interleaved_row_keeps_its_pairs_verdict_inconclusive_never_a_silent_pass(synthetic, policy):
+    # The row's noise label reads "40 interleaved pairs in 4 process pairs": a gate that tells pairs' rows by the
+    # label's end measured it again in asv rounds, and the rounds' "same" passed it (exit 0). Its pairs could not tell
+    # 5% from no change: inconclusive, exit 3 (--inconclusive fail) or said and exit 0 (warn); the rounds unread.
+    import numpy as np
+
+    repo, commit = synthetic
+    argv = _argv(commit, "--inconclusive", policy)
+    gate = RecordingGate()
+    gate.calls.append(Call(argv, None, _undecided_pairs(np.random.default_rng(11), commit, extra_rounds=4)))
+    done = gate.replay()(repo, *argv)
+    assert done.returncode == (3 if policy == "fail" else 0), done.stdout + done.stderr
+    assert done.stdout.startswith("### :grey_question: Inconclusive: 1 benchmark could not tell 1.03x"), done.stdout
+    (row,) = [line for line in done.stdout.splitlines() if "`bench.Work" in line]
+    assert row.startswith("| ~ |") and "40 interleaved pairs in 4 process pairs" in row, row
+    assert "could not tell 1.03x from no change in 4 values" in row, row
+    assert "measuring once more" not in done.stderr, done.stderr

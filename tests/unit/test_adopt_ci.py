@@ -272,7 +272,7 @@ def test_the_gate_runs_bench_compare_against_the_base_and_publishes_its_summary(
     runs = _runs(job)
     assert 'args=("origin/${BASE_REF}" HEAD ' in runs and '--markdown "$out/summary.md"' in runs
     assert 'harness bench-compare "${args[@]}"' in runs
-    assert 'cat "$out/summary.md" >> "$GITHUB_STEP_SUMMARY"' in runs and 'exit "$status"' in runs
+    assert 'tee -a "$GITHUB_STEP_SUMMARY" < "$out/summary.md"' in runs and 'exit "$status"' in runs
     assert job["env"]["BASE_REF"] == "${{ github.base_ref }}"
     assert job["env"]["SETUP"] == "python -m pip install 'keras-harness[bench]'"
     upload = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]

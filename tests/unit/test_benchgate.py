@@ -10,15 +10,18 @@ import pytest
 
 from harness.ci.asvresults import Measurement
 from harness.ci.benchgate import (
+    FACTOR,
     Noise,
     Row,
     Verdict,
+    conclude,
     decided,
     exit_status,
     higher_is_better,
     judge,
     judge_rounds,
     markdown,
+    outcome,
     paired,
 )
 
@@ -177,7 +180,8 @@ def test_a_commit_that_cannot_be_installed_for_pairs_keeps_its_rounds_verdict_an
     rows = [judge_rounds(_rounds("a.time_x", "s", 1.0, 1.0), _rounds("a.time_x", "s", 1.3, 1.3), 1.1),
             judge_rounds(_rounds("a.track_y", "n", 1.0, 1.0), _rounds("a.track_y", "n", 1.0, 1.0), 1.1)]
     args = argparse.Namespace(no_interleave=False, no_rerun=False, factor=1.1, pair_budget=None)
-    kept = bench._interleave(args, Project(), "a" * 40, "b" * 40, rows, {})
+    kept, in_pairs = bench._interleave(args, Project(), "a" * 40, "b" * 40, rows, {})
+    assert in_pairs == set()  # none judged on pairs: rounds may measure them again
     assert kept[0].verdict is Verdict.WORSE and kept[0].note.startswith("not timed in pairs: installing aaaa")
     assert kept[1] == rows[1]  # not a time_ benchmark: never timed in pairs
 
@@ -242,3 +246,42 @@ def test_pairs_from_several_processes_are_judged_by_process_pair():
         judged_values([0.1, 0.2], 1)
     one = judge_rounds(*_process_pairs(rng, [0.0], 1.2), 1.03, per_process=10)
     assert one.verdict is Verdict.UNJUDGED and "one process pair" in one.note
+
+
+def _pairs_row(shift: float, spread: float, n: int = 40) -> Row:
+    """A row judged on ``n`` pairs whose log ratios are evenly spread over ``shift +- spread`` (head worse > 0)."""
+    ratios = [math.exp(shift + spread * (2 * i / (n - 1) - 1)) for i in range(n)]
+    return judge_rounds(_rounds("a.time_x", "s", *[1.0] * n), _rounds("a.time_x", "s", *ratios), FACTOR,
+                        source="interleaved pairs")
+
+
+def test_a_pass_that_could_not_tell_the_factor_from_no_change_is_inconclusive_never_clean():
+    wide, narrow, worse = _pairs_row(0.02, 0.4), _pairs_row(0.0, 0.01), _pairs_row(0.1, 0.01)
+    assert wide.verdict is narrow.verdict is Verdict.SAME and worse.verdict is Verdict.WORSE
+    wide_, narrow_, worse_ = conclude([wide, narrow, worse])
+    assert narrow_ == narrow and worse_ == worse  # decided: left as they were
+    assert wide_.verdict is Verdict.INCONCLUSIVE and wide_.note.startswith("could not tell 1.03x from no change in 40")
+    needed = int(wide_.note.split("about ")[1].split()[0])
+    assert needed > 40  # more than it had: it stopped short
+    assert outcome([wide_, narrow_]) == "inconclusive" and outcome([wide_, worse_]) == "regression"
+    assert exit_status([wide_, narrow_]) == 3 and exit_status([wide_, narrow_], "warn") == 0
+    assert exit_status([wide_, worse_], "warn") == 1 and exit_status([wide_, worse_]) == 1  # a regression is a verdict
+    assert exit_status([wide_, _row(Verdict.ERROR)], "warn") == 3  # and a crash is none
+    text = markdown([narrow_, wide_], "a" * 40, "b" * 40, FACTOR)
+    assert text.startswith("### :grey_question: Inconclusive: 1 benchmark could not tell 1.03x from no change")
+    assert "| ~ | `a.time_x`" in text and "`~` inconclusive" in text
+    assert markdown([worse_, wide_], "a" * 40, "b" * 40, FACTOR).startswith(
+        "### :x: Performance regression (1 more inconclusive): `bbbbbbbbbbbb` vs `aaaaaaaaaaaa` (factor 1.03)")
+    with pytest.raises(ValueError, match="inconclusive must be one of fail, warn; got 'pass'"):
+        exit_status([wide_], "pass")
+
+
+def test_a_benchmark_skipped_on_head_that_ran_on_base_is_inconclusive_not_clean():
+    gone = judge_rounds(_rounds("a.time_x", "s", 1.0, 1.0), _rounds("a.time_x", "s", math.nan, math.nan))
+    assert gone.verdict is Verdict.INCONCLUSIVE and gone.note == "skipped on head, ran on base: nothing measured"
+    assert exit_status([gone, _row(Verdict.SAME)]) == 3
+    assert exit_status([gone, _row(Verdict.SAME)], "warn") == 0
+    # skipped on both sides, new on head, or removed (no results on head at all): a skip, not a loss
+    assert judge_rounds(_rounds("a.time_x", "s", math.nan, math.nan),
+                        _rounds("a.time_x", "s", math.nan, math.nan)).verdict is Verdict.SKIPPED
+    assert judge_rounds(_rounds("a.time_x", "s", 1.0, 1.0), []).verdict is Verdict.SKIPPED

@@ -80,6 +80,24 @@ def test_the_gate_step_fails_with_harness_status_and_names_no_verdict_as_such(tm
         assert "::error::" not in said
 
 
+_INCONCLUSIVE = '{\n  "status": 3,\n  "outcome": "inconclusive"\n}'  # as harness bench-compare --json writes it
+
+
+@pytest.mark.parametrize(("file", "job", "name"), GATES)
+@pytest.mark.parametrize("status", [0, 3])
+def test_the_gate_step_tells_inconclusive_from_an_infrastructure_error(tmp_path, file, job, name, status):
+    """3 with the JSON's outcome "inconclusive": said as such (what resolves it), never as an infrastructure error
+    nor a slow-down; 0 with it (--inconclusive warn): a warning, the step passes."""
+    done = _run(tmp_path, _script(file, job, name), status, _INCONCLUSIVE)
+    said = done.stdout + done.stderr
+    assert done.returncode == status, said
+    assert "slower" not in said and "infrastructure error" not in said, said
+    if status == 3:
+        assert "::error::inconclusive, not a slow-down" in said and "--pair-budget" in said, said
+    else:
+        assert "::warning::inconclusive" in said and "::error::" not in said, said
+
+
 @pytest.mark.parametrize(("file", "job", "name"), HISTORY)
 @pytest.mark.parametrize("status", [0, 1, 2, 3])
 def test_the_regressions_step_goes_on_with_a_verdict_and_stops_without_one(tmp_path, file, job, name, status):
