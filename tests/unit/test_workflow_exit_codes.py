@@ -144,13 +144,19 @@ def test_the_confirm_step_keeps_a_verdict_and_never_loses_the_night(tmp_path, fi
     assert (out / "regressions.json").read_text() == _ALERT
 
 
+def _found(tmp_path: Path, report: str) -> Path:
+    """The find step's output folder as the confirm step reads it: ``report`` as its JSON, a summary beside it."""
+    out = tmp_path / "runner" / "regressions"
+    out.mkdir(parents=True)
+    (out / "regressions.json").write_text(report)
+    (out / "summary.md").write_text("### found\n")
+    return out
+
+
 @needs_jq
 @pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
 def test_the_confirm_step_measures_nothing_without_an_alert(tmp_path, file, job, name):
-    out = tmp_path / "runner" / "regressions"
-    out.mkdir(parents=True)
-    (out / "regressions.json").write_text('{"regressions": [{"alert": false}]}')
-    (out / "summary.md").write_text("### found\n")
+    _found(tmp_path, '{"regressions": [{"alert": false}]}')
     done = _run(tmp_path, _script(file, job, name), 1)
     assert done.returncode == 0 and "no new standing regression to confirm" in done.stdout
     assert (tmp_path / "summary").read_text() == "### found\n"
@@ -160,10 +166,7 @@ def test_the_confirm_step_measures_nothing_without_an_alert(tmp_path, file, job,
 @pytest.mark.parametrize(("file", "job", "name"), CONFIRM)
 def test_the_confirm_step_fails_where_it_cannot_read_the_report(tmp_path, file, job, name):
     """A report that is not JSON, or a runner without jq, fails the step: never "nothing to confirm"."""
-    out = tmp_path / "runner" / "regressions"
-    out.mkdir(parents=True)
-    (out / "regressions.json").write_text("Traceback (most recent call last):\n")
-    (out / "summary.md").write_text("### found\n")
+    out = _found(tmp_path, "Traceback (most recent call last):\n")
     done = _run(tmp_path, _script(file, job, name), 1)
     said = done.stdout + done.stderr
     assert done.returncode != 0 and "no new standing regression to confirm" not in said, said
