@@ -14,9 +14,10 @@ or the budget is spent. Each verdict is printed with its spread and the change i
 catches 95% of the time (*detects*): what the gate resolved, not what it hoped
 to. A benchmark still undecided when its budget is spent - one that could not
 tell a --factor slow-down from none - is *inconclusive*, never a pass; so is one
-that ran on base and is skipped on head. ``--history`` (main's nightly results) adds each benchmark's night-to-night
-noise to the table; it does not widen the threshold. A benchmark with one value
-per side (one round, asv ``--quick``) is not judged.
+that ran on base and is skipped on head. ``--history`` (main's nightly results)
+adds each benchmark's night-to-night noise to the table; it does not widen the
+threshold. A benchmark with one value per side (one round, asv ``--quick``) is
+not judged.
 
 Exit status: 0 clean; 1 a benchmark worse; 2 a usage error or bad input; 3 no
 verdict, an infrastructure error: a benchmark errors on head, asv failed or
