@@ -60,6 +60,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from harness.ci.benchgate import INCONCLUSIVE_POLICIES
 from harness.cli.asvopts import add_asv_options, asv_project
 from harness.errors import EXIT_NO_VERDICT, Failed, InvalidValue, Unavailable
 
@@ -84,7 +85,7 @@ def add_parser(subparsers) -> None:
                    help="judge after --rounds: no more rounds and no more pairs for undecided benchmarks")
     p.add_argument("--no-interleave", action="store_true",
                    help="existing mode: judge time_ benchmarks on asv's rounds too, not on interleaved pairs")
-    p.add_argument("--inconclusive", choices=("fail", "warn"), default="fail",
+    p.add_argument("--inconclusive", choices=INCONCLUSIVE_POLICIES, default="fail",
                    help="a benchmark that could not tell --factor from no change within its budget: fail (exit 3, "
                         "the default: never a silent pass) or warn (said in the summary only)")
     p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
