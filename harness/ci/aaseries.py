@@ -7,15 +7,17 @@ commits, recording everything (``--save-runs FILE``; ``--from-runs FILE`` studie
   processes of the one commit, sampled alternately, replaced every ``per_process`` pairs), recorded in full;
 - the other benchmarks: one asv run of C a run, its value per combination (a round).
 
-:func:`study` then judges with the gate's own sequential rule (``benchgate.judge_rounds`` and
-``benchgate.decided``: look at the bounds every ``interleave.BATCH`` pairs from ``interleave.MIN_PAIRS``, or
-round by round from ``--rounds`` to ``--max-rounds``, stop when decided), twice over:
+:func:`study` then judges with the gate's own sequential rule, the one object the gate stops by
+(``benchgate.Stopping`` as ``interleave.pairs_rule`` and ``interleave.rounds_rule`` build it: look at the bounds
+every ``interleave.BATCH`` pairs from ``interleave.MIN_PAIRS``, or round by round from ``--rounds`` to
+``--max-rounds``, stop when settled), then ``benchgate.judge_rounds`` where it stopped, twice over:
 
 - **real judgments**, independent: each run's pairs from its first (what the gate would have said on that run),
   and the round series cut into windows that share no run;
 - **resampled judgments** (``RESAMPLED`` per combination): pairs drawn as a moving-block bootstrap from one run's
-  recording (blocks of ``BLOCK`` consecutive pairs keep the host's steps and drift in them), rounds drawn at random
-  from the series.
+  recording (blocks of ``BLOCK`` consecutive pairs keep the host's steps and drift in them; pairs from process pairs
+  drawn process pair first), each pair in its own order's place (the crossover the gate judges by, :func:`_blocks`),
+  rounds drawn at random from the series.
 
 Each judgment is made as recorded (A/A: any *worse* is a false alarm) and with head made ``p`` times slower for
 each planted change in ``PLANTS`` (3%, 5%, 10%: caught when *worse*). Rates carry Clopper-Pearson 95% bounds. The
@@ -29,21 +31,12 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.ci.asvresults import Measurement
-from harness.ci.benchgate import (
-    FACTOR,
-    Verdict,
-    higher_is_better,
-    judge_rounds,
-    judged_values,
-    paired,
-    settled,
-    worse_ratio,
-)
-from harness.ci.interleave import BATCH, MIN_PAIRS
+from harness.ci.benchgate import FACTOR, Stopping, Verdict, higher_is_better, judge_rounds, log_ratios
+from harness.ci.interleave import BATCH, MIN_PAIRS, pairs_rule, rounds_rule
 from harness.errors import InvalidValue
 
 __all__ = ["PLANTS", "SLOWDOWN", "MAX_FALSE_ALARMS", "RESAMPLED", "BLOCK", "PAIRS", "Rate", "Study", "plant",
@@ -207,36 +200,20 @@ def plant(measurement: Measurement, slowdown: float = SLOWDOWN) -> Measurement:
                        measurement.stats)
 
 
-def _stop(ratios: Sequence[float], factor: float, first: int, step: int, see: bool = False,
-          per_process: int = 0) -> int:
-    """How many pairs the gate's sequential rule takes: a look at the bounds (``benchgate.paired`` on
-    ``benchgate.judged_values``, ``benchgate.settled``; ``see`` for interleaved pairs, as the gate) at ``first``
-    pairs and every ``step`` after, until settled or all are used."""
-    size = min(first, len(ratios))
-
-    def settles(size: int) -> bool:
-        values = judged_values(ratios[:size], per_process)
-        return len(values) >= 2 and settled(paired(values), factor, see=see)
-
-    while size < len(ratios) and not settles(size):
-        size = min(len(ratios), size + step)
-    return size
-
-
-def _judge(kind: str, base, head, factor, rounds, min_pairs, batch, tally: _Tally, per_process: int = 0) -> None:
-    """One judgment as the gate makes it, as recorded and with each planted change: where the gate would stop
-    (looks on the pairs' log ratios, a planted change added to each), then its verdict there
-    (``benchgate.judge_rounds`` on the measurements, planted with :func:`plant`)."""
-    up = higher_is_better(base[0].name, base[0].unit)
-    ratios = [math.log(worse_ratio(b.value, h.value, up)) for b, h in zip(base, head)]
-    first, step = (min_pairs, batch) if kind == "pairs" else (rounds, 1)
-    source = "interleaved pairs" if kind == "pairs" else "rounds"
+def _judge(rule: Stopping, base, head, tally: _Tally) -> None:
+    """One judgment as the gate makes it, as recorded and with each planted change: where ``rule`` (the gate's, as
+    the gate builds it: ``interleave.pairs_rule``, ``interleave.rounds_rule``) stops (``Stopping.stop_at`` on the
+    pairs' log ratios, a planted change added to each), then its verdict there (``benchgate.judge_rounds`` on the
+    measurements, planted with :func:`plant`)."""
+    ratios = log_ratios(base, head)
+    if ratios is None:
+        raise InvalidValue(f"{base[0].name}: a recorded value is zero or missing: no pairs to judge")
+    source = "interleaved pairs" if rule.see else "rounds"
     worse = {}
     for slowdown in (1.0, *PLANTS):
-        size = _stop([r + math.log(slowdown) for r in ratios], factor, first, step, see=kind == "pairs",
-                     per_process=per_process)
+        size = rule.stop_at([r + math.log(slowdown) for r in ratios])
         heads = head[:size] if slowdown == 1.0 else [plant(m, slowdown) for m in head[:size]]
-        row = judge_rounds(base[:size], heads, factor, source=source, per_process=per_process)
+        row = judge_rounds(base[:size], heads, rule.factor, source=source, per_process=rule.per_process)
         worse[slowdown] = row.verdict is Verdict.WORSE
         if slowdown == 1.0:
             if row.detects is not None and math.isfinite(row.detects):
@@ -259,15 +236,16 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
     labels = sorted({label for run in runs for label in run.get("pairs", {})})
     for label in labels:
         recorded = [run["pairs"][label] for run in runs if label in run.get("pairs", {})]
-        series = [(_side(label, r, "base"), _side(label, r, "head"), int(r.get("per_process", 0))) for r in recorded]
+        series = [(_side(label, r, "base"), _side(label, r, "head"),
+                   replace(pairs_rule(factor), first=min_pairs, every=batch, per_process=int(r.get("per_process", 0))))
+                  for r in recorded]
         real, res = _Tally(), _Tally()
-        for base, head, per_process in series:
-            _judge("pairs", base, head, factor, rounds, min_pairs, batch, real, per_process)
+        for base, head, rule in series:
+            _judge(rule, base, head, real)
         for _ in range(resampled):
-            base, head, per_process = series[rng.randrange(len(series))]
-            picked = _blocks(len(base), rng, per_process)
-            _judge("pairs", [base[i] for i in picked], [head[i] for i in picked], factor, rounds, min_pairs, batch,
-                   res, per_process)
+            base, head, rule = series[rng.randrange(len(series))]
+            picked = _blocks(len(base), rng, rule.per_process)
+            _judge(rule, [base[i] for i in picked], [head[i] for i in picked], res)
         combos[label] = {"kind": "pairs", "real": real, "resampled": res}
     round_labels = sorted({label for run in runs for label in run.get("rounds", {})} - set(labels))
     for label in round_labels:
@@ -278,33 +256,40 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
             raise InvalidValue(f"{label}: {len(values)} runs; a window of {max_rounds}+{max_rounds} rounds needs at "
                                f"least {width}")
         real, res = _Tally(), _Tally()
+        rule = rounds_rule(factor, first=rounds)
         for start in range(0, len(values) - width + 1, width):  # windows that share no run
             window = values[start:start + width]
-            _judge("rounds", window[0::2], window[1::2], factor, rounds, min_pairs, batch, real)
+            _judge(rule, window[0::2], window[1::2], real)
         for _ in range(resampled):
             window = [values[rng.randrange(len(values))] for _ in range(width)]
-            _judge("rounds", window[0::2], window[1::2], factor, rounds, min_pairs, batch, res)
+            _judge(rule, window[0::2], window[1::2], res)
         combos[label] = {"kind": "rounds", "real": real, "resampled": res}
     return Study(len(runs), combos)
 
 
 def _blocks(length: int, rng: random.Random, per_process: int = 0) -> list[int]:
-    """Indices of ``length`` pairs as a block bootstrap: blocks of ``BLOCK`` consecutive pairs, each starting
-    anywhere in the run. Where the pairs came ``per_process`` from each process pair, a two-stage bootstrap: a
-    process pair drawn at random, then as many of its pairs drawn from it (a block that straddled two process pairs
-    would hide the offset between processes the gate judges by; a process pair drawn twice whole would be two
-    identical values, a spread of none)."""
+    """Indices of ``length`` pairs as a block bootstrap: blocks of ``BLOCK`` consecutive pairs, each starting at an
+    even pair anywhere in the run. Where the pairs came ``per_process`` from each process pair, a two-stage
+    bootstrap: a process pair drawn at random, then as many of its pairs drawn from it (a block that straddled two
+    process pairs would hide the offset between processes the gate judges by; a process pair drawn twice whole would
+    be two identical values, a spread of none).
+
+    Either way the crossover is kept: a pair lands where its order does (an even index is a base-first pair, an odd
+    one head-first, as ``interleave`` takes them and ``benchgate.judged_values`` reads them), so that the study
+    judges what the gate judges: each order's median apart, the second sample's handicap cancelling between them.
+    """
     if per_process:
         groups = [range(start, min(start + per_process, length)) for start in range(0, length, per_process)]
         picked: list[int] = []
         while len(picked) < length:
             group = groups[rng.randrange(len(groups))]
-            picked.extend(group[rng.randrange(len(group))] for _ in group)
+            orders = (group[0::2], group[1::2])
+            picked.extend(orders[j % 2][rng.randrange(len(orders[j % 2]))] for j in range(len(group)))
         return picked[:length]
-    block = min(BLOCK, length)
+    block = min(BLOCK - BLOCK % 2, length - length % 2) or length
     picked = []
     while len(picked) < length:
-        start = rng.randrange(length - block + 1)
+        start = 2 * rng.randrange((length - block) // 2 + 1)
         picked.extend(range(start, start + block))
     return picked[:length]
 

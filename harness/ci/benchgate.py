@@ -53,7 +53,7 @@ from harness.ci.asvresults import Key, Measurement, is_skipped
 from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
-           "decided", "settled", "conclude", "outcome", "INCONCLUSIVE_POLICIES",
+           "decided", "settled", "conclude", "Stopping", "log_ratios", "outcome", "INCONCLUSIVE_POLICIES",
            "judge_all", "judged_values", "worse_ratio", "threshold", "exit_status", "markdown",
            "check_per_process", "NOISE_K", "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
 
@@ -311,12 +311,12 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     if min(counts) < 2:
         return replace(row, verdict=Verdict.UNJUDGED,
                         note=f"{min(counts)} value on a side (asv --quick or one round): no spread to judge against")
-    up = higher_is_better(first.name, first.unit)
-    ratios = [worse_ratio(b.value, h.value, up) for b, h in zip(base, head)]  # type: ignore[arg-type]
-    if not all(0 < r < math.inf for r in ratios):  # a zero on a side: the medians decide, without bounds
-        verdict, ratio = _compare(up, base_value, head_value, factor, lambda: True)
+    ratios = log_ratios(base, head)
+    if ratios is None:  # a zero on a side: the medians decide, without bounds
+        verdict, ratio = _compare(higher_is_better(first.name, first.unit), base_value, head_value, factor,
+                                  lambda: True)
         return replace(row, verdict=verdict, ratio=ratio, threshold=factor, note="a zero value: no paired bounds")
-    values = judged_values([math.log(r) for r in ratios], per_process)
+    values = judged_values(ratios, per_process)
     if len(values) < 2:
         return replace(row, verdict=Verdict.UNJUDGED,
                        note="pairs from one process pair: no spread between processes to judge against")
@@ -365,6 +365,72 @@ def _short_of(pairs: Paired, factor: float) -> str:
         needed = math.ceil(pairs.n * ((pairs.high - pairs.estimate) / (floor - pairs.estimate)) ** 2)
         said += f"; about {needed} would resolve it"
     return said
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """The gate's one sequential rule, shared by interleaved pairs (``harness.ci.interleave``), asv rounds (the same
+    module and ``harness bench-compare``'s further rounds) and the A/A study that measures it
+    (``harness.ci.aaseries``): look at the bounds once ``first`` values a side are in and every ``every`` after
+    (:meth:`due`); stop at a look where they are settled (:meth:`settles`: :func:`settled` on :func:`paired` of
+    :func:`judged_values` with ``per_process``: the bounds exclude ``factor`` and, with ``see``, a pass could also
+    see :func:`sees`). A judgment still not settled when measuring ends is :func:`conclude`'s inconclusive.
+
+    Raises:
+        InvalidValue: ``factor`` not above 1, ``first`` below 2, ``every`` below 1, or ``per_process`` negative or 1.
+    """
+
+    factor: float = FACTOR
+    first: int = 2
+    every: int = 1
+    see: bool = False
+    per_process: int = 0
+
+    def __post_init__(self) -> None:
+        _check_factor(self.factor)
+        check_per_process(self.per_process)
+        if self.first < 2 or self.every < 1:
+            raise InvalidValue(f"a stopping rule looks from 2 values on, every 1 or more; got first={self.first}, "
+                               f"every={self.every}")
+
+    def due(self, n: int) -> bool:
+        """Whether a look at the bounds is due once ``n`` values a side are in."""
+        return n >= self.first and (n - self.first) % self.every == 0
+
+    def settles(self, log_ratios: Sequence[float]) -> bool:
+        """Whether pairs with these log ratios (> 0: head worse) are settled."""
+        values = judged_values(log_ratios, self.per_process)
+        return len(values) >= 2 and settled(paired(values), self.factor, see=self.see)
+
+    def stops(self, base: Sequence[Measurement], head: Sequence[Measurement]) -> bool:
+        """Whether measuring stops at these pairs: a look is due and they are settled, or (a zero value or a failure
+        on a side) more pairs could not bound them."""
+        if not self.due(len(base)):
+            return False
+        ratios = log_ratios(base, head)
+        return ratios is None or self.settles(ratios)
+
+    def stop_at(self, log_ratios: Sequence[float]) -> int:
+        """How many of a recorded series' pairs the rule takes: the first look where they settle, else all."""
+        size = min(self.first, len(log_ratios))
+        while size < len(log_ratios) and not self.settles(log_ratios[:size]):
+            size = min(len(log_ratios), size + self.every)
+        return size
+
+    def done(self, row: Row) -> bool:
+        """:func:`decided` by this rule's factor and ``see``: a row judged by :func:`judge_rounds` with this rule's
+        ``per_process`` settles exactly where :meth:`settles` does on its pairs."""
+        return decided(row, self.factor, see=self.see)
+
+
+def log_ratios(base: Sequence[Measurement], head: Sequence[Measurement]) -> list[float] | None:
+    """Each pair's log ratio, turned so that > 0 is worse (:func:`worse_ratio`); None where a value is missing,
+    zero or not finite (no paired bounds)."""
+    if not base or not head or any(_missing(m.value) for m in (*base, *head)):
+        return None
+    up = higher_is_better(base[0].name, base[0].unit)
+    ratios = [worse_ratio(b.value, h.value, up) for b, h in zip(base, head)]  # type: ignore[arg-type]
+    return [math.log(r) for r in ratios] if all(0 < r < math.inf for r in ratios) else None
 
 
 def sees(factor: float = FACTOR) -> float:

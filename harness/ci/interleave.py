@@ -35,10 +35,11 @@ queue (``pairworker._net_clock``: the kernel's per-thread run-queue wait, ``/pro
 and waits on other threads still count, the time the host gave to other processes does not. A benchmark with a
 timer of its own keeps it, as does a kernel without schedstat (``Sampled.net`` says which).
 
-:func:`measure` samples until ``decide`` says the pairs are decided (``benchgate.decided``: the bounds exclude the
-gate's factor), checking every ``batch`` pairs from ``min_pairs`` on, or until ``max_pairs`` or ``budget_s`` is
-spent (the first process pair's set-up not counted, the later ones' counted). It returns one
-:class:`~harness.ci.asvresults.Measurement` per sample and side, pairs in order, for ``benchgate.judge_rounds``.
+:func:`measure` samples until its rule says the pairs are decided (``benchgate.Stopping``, the one rule the gate,
+its rounds and the A/A study share; :func:`pairs_rule`: the bounds exclude the gate's factor, looked at every
+``BATCH`` pairs from ``MIN_PAIRS`` on), or until ``max_pairs`` or ``budget_s`` is spent (the first process pair's
+set-up not counted, the later ones' counted). It returns one :class:`~harness.ci.asvresults.Measurement` per sample
+and side, pairs in order, for ``benchgate.judge_rounds``.
 
 The comparisons the gate, ``harness regressions --confirm`` and ``harness bisect`` share, one benchmark combination
 of two commits, base against head, judged by the gate's rule (``benchgate.judge_rounds``) into a ``benchgate.Row``:
@@ -63,17 +64,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.ci import asvresults, benchgate
 from harness.ci.asvresults import Key, Measurement
 from harness.ci.asvrun import AsvProject
-from harness.ci.benchgate import Noise, Row, check_per_process
+from harness.ci.benchgate import FACTOR, Noise, Row, Stopping
 from harness.errors import Failed, InvalidValue
 
 __all__ = ["Sampled", "measure", "benchmark_id", "compare", "compare_rounds", "install_pair", "pairable", "timed",
+           "pairs_rule", "rounds_rule",
            "bench_regex", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S", "PER_PROCESS", "MAX_ROUNDS"]
 
 WORKER = Path(__file__).with_name("pairworker.py")
@@ -201,19 +203,18 @@ def benchmark_id(config: Path, key: Key) -> tuple[Path, str]:
     return Path(conf.benchmark_dir), f"{name}-{names.index(params)}" if bench["params"] else name
 
 
-def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
-            decide: Callable[[Sequence[Measurement], Sequence[Measurement]], bool], min_pairs: int = MIN_PAIRS,
-            max_pairs: int = MAX_PAIRS, budget_s: float = BUDGET_S, batch: int = BATCH,
-            progress: Callable[[str], None] | None = None, per_process: int = PER_PROCESS) -> Sampled:
+def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path], rule: Stopping,
+            max_pairs: int = MAX_PAIRS, budget_s: float = BUDGET_S,
+            progress: Callable[[str], None] | None = None) -> Sampled:
     """Pairs of samples of benchmark combination ``key`` of the asv project at ``config``, base from
-    ``targets[0]``, head from ``targets[1]`` (folders the commits are installed in), ``per_process`` from each
-    process pair (0: all from one), until decided or a limit is reached.
+    ``targets[0]``, head from ``targets[1]`` (folders the commits are installed in), ``rule.per_process`` from each
+    process pair (0: all from one), until ``rule`` stops them (``Stopping.stops``, :func:`pairs_rule` for the gate's)
+    or a limit is reached.
 
     Raises:
         Failed: a side's benchmark failed to set up or to run, or stopped answering.
-        InvalidValue: ``per_process`` is negative or 1.
     """
-    check_per_process(per_process)
+    per_process = rule.per_process
     name, params = key
     benchmark_dir, bench_id = benchmark_id(config, key)
     base: list[Measurement] = []
@@ -235,7 +236,7 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
                     worker.ask(_SAMPLE_S, warm=float(said.get("warmup", 0.1)))
                 start = time.perf_counter() if start is None else start
                 stopped = _sample(workers, name, params, unit, number, (base, head), per_process or max_pairs,
-                                  lambda: _look(base, head, decide, min_pairs, max_pairs, batch, progress),
+                                  lambda: _look(base, head, rule, max_pairs, progress),
                                   start + budget_s)
             finally:
                 for worker in workers:
@@ -244,11 +245,11 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path],
                    net=bool(nets) and all(nets))
 
 
-def _look(base: list, head: list, decide, min_pairs: int, max_pairs: int, batch: int, progress) -> str:
-    """After a pair: "decided" where ``decide`` says so at a look (every ``batch`` pairs from ``min_pairs``), "max
-    pairs" once there are ``max_pairs``, else "" (go on)."""
-    if len(base) >= min_pairs and len(base) % batch == 0:
-        if decide(base, head):
+def _look(base: list, head: list, rule: Stopping, max_pairs: int, progress) -> str:
+    """After a pair: "decided" where ``rule`` stops the pairs, "max pairs" once there are ``max_pairs``, else ""
+    (go on)."""
+    if rule.due(len(base)):
+        if rule.stops(base, head):
             return "decided"
         if progress is not None:
             progress(f"{len(base)} pairs, not decided yet")
@@ -282,6 +283,18 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
         if time.perf_counter() > end:
             return "budget"
     return ""
+
+
+def pairs_rule(factor: float = FACTOR, see: bool = True) -> Stopping:
+    """The gate's rule for interleaved pairs: a first look at ``MIN_PAIRS``, then every ``BATCH``, each process
+    pair's ``PER_PROCESS`` pairs one value judged; with ``see`` (the gate), a pass also goes on until it could see
+    ``benchgate.sees``."""
+    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS)
+
+
+def rounds_rule(factor: float = FACTOR, first: int = 2) -> Stopping:
+    """The gate's rule for asv rounds: a first look at ``first`` rounds a side (``--rounds``), then every round."""
+    return Stopping(factor, first=first, every=1)
 
 
 def timed(name: str) -> bool:
@@ -329,9 +342,9 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
     from :func:`install_pair`), judged in interleaved pairs by the gate's rule.
 
     Pairs are taken until the judgment is decided (``benchgate.decided``: its bounds exclude ``factor``; with
-    ``see``, a pass also until it could see ``benchgate.sees``, as the gate asks) or ``budget_s`` is spent;
-    ``no_rerun``: judged at the first look. The row's note says how many calls a sample took, whether run-queue
-    waits were taken out and why sampling stopped ("decided", "budget", "max pairs").
+    ``see``, a pass also until it could see ``benchgate.sees``, as the gate asks: :func:`pairs_rule`) or
+    ``budget_s`` is spent; ``no_rerun``: judged at the first look. The row's note says how many calls a sample took,
+    whether run-queue waits were taken out and why sampling stopped ("decided", "budget", "max pairs").
 
     Returns:
         The row (``Verdict.SKIPPED``, its note saying why, where a side's setup skipped the combination).
@@ -341,13 +354,9 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
             hold ``key``.
     """
     name, params = key
-
-    def decide(base: Sequence[Measurement], head: Sequence[Measurement]) -> bool:
-        return no_rerun or benchgate.decided(
-            benchgate.judge_rounds(base, head, factor, history_noise, "interleaved pairs", PER_PROCESS), factor,
-            see=see)
-
-    sampled = measure(key, unit, project.config, targets, decide, budget_s=budget_s, progress=progress)
+    rule = pairs_rule(factor, see=see)
+    sampled = measure(key, unit, project.config, targets, rule, max_pairs=rule.first if no_rerun else MAX_PAIRS,
+                      budget_s=budget_s, progress=progress)
     if sampled.skipped:
         return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
                    note=sampled.skipped, history=history_noise)
@@ -377,6 +386,7 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
     if base == head:
         raise InvalidValue(f"compare_rounds needs two commits; got {base[:12]} twice")
     regex = bench_regex(key)
+    rule = rounds_rule(factor)
     sides: dict[str, list[Measurement]] = {base: [], head: []}
     start = time.perf_counter()
     number = 0
@@ -391,11 +401,11 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
                 raise Failed(f"asv saved no result for {_label(key)} on {commit[:12]}")
             sides[commit].append(found)
         number += 1
-        if number < 2:
+        if not rule.due(number):
             continue
         row = benchgate.judge_rounds(sides[base], sides[head], factor, history_noise)
-        if number >= max_rounds or benchgate.decided(row, factor):
-            stopped = "decided" if benchgate.decided(row, factor) else "max rounds"
+        if number >= max_rounds or rule.done(row):
+            stopped = "decided" if rule.done(row) else "max rounds"
             break
         if time.perf_counter() - start > budget_s:
             stopped = "budget"

@@ -236,10 +236,11 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set
     ``--max-rounds``."""
     import re
 
-    from harness.ci import benchgate
+    from harness.ci import benchgate, interleave
 
+    rule = interleave.rounds_rule(args.factor, first=args.rounds)
     while not args.no_rerun:
-        undecided = [row for row in rows if not benchgate.decided(row, args.factor)
+        undecided = [row for row in rows if not rule.done(row)
                      and len(rounds.base.get((row.name, row.params), [])) < args.max_rounds
                      and (row.name, row.params) not in in_pairs]
         if not undecided:
@@ -320,6 +321,8 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
     from harness.ci import aaseries, asvresults, interleave
 
     pairs = project.mode == "existing" and not args.no_interleave
+    # every pair recorded: the rule's one look is at the last pair (the study judges by the gate's rule later)
+    recording = replace(interleave.pairs_rule(args.factor), first=args.aa_pairs)
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="harness-commits-") as folder:
         targets = None
@@ -343,8 +346,7 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
                 print(f"harness bench-compare: {_label(key)}: {args.aa_pairs} interleaved pairs", file=sys.stderr,
                       flush=True)
                 sampled = interleave.measure(key, measured[key].unit, project.config, targets,  # type: ignore[arg-type]
-                                             lambda b, h: False, min_pairs=args.aa_pairs, max_pairs=args.aa_pairs,
-                                             budget_s=float("inf"))
+                                             recording, max_pairs=args.aa_pairs, budget_s=float("inf"))
                 if not sampled.skipped:
                     run["pairs"][_label(key)] = {"unit": measured[key].unit, "number": sampled.number,
                                                  "per_process": sampled.per_process,

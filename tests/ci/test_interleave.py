@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("asv_runner")
 
 from harness.ci import interleave  # noqa: E402
+from harness.ci.benchgate import Stopping  # noqa: E402
 from harness.errors import Failed  # noqa: E402
 
 _BENCH = textwrap.dedent('''
@@ -123,21 +124,34 @@ def suite(tmp_path, monkeypatch):
     return tmp_path, targets
 
 
-def _measure(name, targets, decide=lambda base, head: False, **limits):
-    return interleave.measure((f"pairs.{name}.time_call", ""), "seconds", Path("asv.conf.json"), targets, decide,
-                              **limits)
+class _Looks:
+    """A stopping rule as ``interleave.measure`` asks it (``benchgate.Stopping``'s ``due``, ``stops`` and
+    ``per_process``), its looks those of the real rule with ``first`` and ``every``: records each look and stops
+    from ``at`` pairs on (never where None)."""
+
+    def __init__(self, first: int = 20, every: int = 20, at: int | None = None,
+                 per_process: int = interleave.PER_PROCESS):
+        self.rule = Stopping(first=first, every=every, per_process=per_process)
+        self.per_process, self.at, self.looks = per_process, at, []
+
+    def due(self, n: int) -> bool:
+        return self.rule.due(n)
+
+    def stops(self, base, head) -> bool:
+        self.looks.append(len(base))
+        return self.at is not None and len(base) >= self.at
+
+
+def _measure(name, targets, rule=None, **limits):
+    return interleave.measure((f"pairs.{name}.time_call", ""), "seconds", Path("asv.conf.json"), targets,
+                              rule or _Looks(), **limits)
 
 
 def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(suite):
     folder, targets = suite
-    looks = []
-
-    def decide(base, head):
-        looks.append(len(base))
-        return len(base) >= 40
-
-    done = _measure("Logged", targets, decide, min_pairs=20, batch=20)
-    assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and looks == [20, 40]
+    rule = _Looks(at=40)
+    done = _measure("Logged", targets, rule)
+    assert done.stopped == "decided" and len(done.base) == len(done.head) == 40 and rule.looks == [20, 40]
     assert done.number == 1 and all(m.value > 0 for m in done.base + done.head)
     logged = [line.split() for line in (folder / "log").read_text().splitlines()]
     assert len(logged) == 160 and all(a[0] == b[0] for a, b in zip(logged[0::2], logged[1::2]))
@@ -153,7 +167,7 @@ def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(
     # Two processes of one commit differ in speed for their whole life (interleave's docstring): the pairs come
     # from process pairs of PER_PROCESS pairs each, both sides' processes new for each, and say so for the judge.
     folder, targets = suite
-    done = _measure("Logged", targets, lambda base, head: len(base) >= 40, min_pairs=20, batch=20)
+    done = _measure("Logged", targets, _Looks(at=40))
     assert done.per_process == interleave.PER_PROCESS == 10 and len(done.base) == 40
     calls = [line.split() for line in (folder / "log").read_text().splitlines()][1::2]  # the timed calls
     pids = {side: [pid for s, _, pid in calls if s == side] for side in ("base", "head")}
@@ -161,12 +175,12 @@ def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(
         groups = [set(seen[i:i + 10]) for i in range(0, 40, 10)]
         assert all(len(group) == 1 for group in groups) and len(set().union(*groups)) == 4, (side, seen)
     assert not set(pids["base"]) & set(pids["head"])
-    one = _measure("Logged", targets, min_pairs=20, max_pairs=30, per_process=0)  # 0: every pair from one
+    one = _measure("Logged", targets, _Looks(per_process=0), max_pairs=30)  # 0: every pair from one
     assert one.per_process == 0 and len(one.base) == 30
     calls = [line.split() for line in (folder / "log").read_text().splitlines()][160:]
     assert len({pid for side, _, pid in calls if side == "base"}) == 1
     with pytest.raises(ValueError, match="got per_process=1"):
-        _measure("Logged", targets, per_process=1)
+        _measure("Logged", targets, _Looks(per_process=1))
 
 
 @pytest.mark.skipif(not Path("/proc/self/schedstat").exists() or not hasattr(os, "sched_setaffinity"),
@@ -176,22 +190,22 @@ def test_a_sample_leaves_out_the_time_the_host_gave_to_other_processes(suite):
     # answers is about its CPU time (the wait on the run queue taken out). A sleep still counts in full, and a
     # benchmark with a timer of its own keeps it.
     folder, targets = suite
-    crowded = _measure("Crowded", targets, min_pairs=100, max_pairs=6)
+    crowded = _measure("Crowded", targets, _Looks(first=100), max_pairs=6)
     assert crowded.net and len(crowded.base) == 6
     logged = [tuple(map(float, line.split())) for line in (folder / "log").read_text().splitlines()][1::2]
     assert len(logged) == 12 and sorted(w / c for w, c in logged)[6] > 1.5, logged  # it was crowded
     cpu = sorted(c for _, c in logged)[6]
     sampled = sorted(m.value for m in crowded.base + crowded.head)[6]
     assert 0.8 < sampled / cpu < 1.25, (sampled, cpu, logged)
-    slept = _measure("Sleeps", targets, min_pairs=100, max_pairs=4)
+    slept = _measure("Sleeps", targets, _Looks(first=100), max_pairs=4)
     assert slept.net and min(m.value for m in slept.base + slept.head) >= 0.02
-    assert not _measure("OwnTimer", targets, min_pairs=100, max_pairs=4).net
+    assert not _measure("OwnTimer", targets, _Looks(first=100), max_pairs=4).net
 
 
 def test_limits_stop_the_sampling(suite):
     _, targets = suite
-    assert _measure("Logged", targets, min_pairs=20, max_pairs=30).stopped == "max pairs"
-    done = _measure("Logged", targets, min_pairs=20, budget_s=0.0)
+    assert _measure("Logged", targets, max_pairs=30).stopped == "max pairs"
+    done = _measure("Logged", targets, budget_s=0.0)
     assert done.stopped == "budget" and len(done.base) == 1
 
 

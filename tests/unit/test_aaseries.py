@@ -71,6 +71,54 @@ def test_runs_of_process_pairs_are_judged_and_resampled_by_process_pair():
     assert len(picked) == 45 and all(len({i // 10 for i in picked[k:k + 10]}) == 1 for k in range(0, 40, 10))
 
 
+def _order_run(rng, handicap=0.06, processes=12, per_process=10, spread=0.005):
+    """An A/A run where a pair's second sample runs ``handicap`` slower than its first (the other process just ran
+    on that CPU): base-first pairs read head slower, head-first ones faster, by as much."""
+    base, head = [], []
+    for k in range(processes * per_process):
+        second = math.exp(handicap + rng.gauss(0, spread))
+        first = math.exp(rng.gauss(0, spread))
+        b, h = (first, second) if k % 2 == 0 else (second, first)
+        base.append(0.02 * b)
+        head.append(0.02 * h)
+    return {"pairs": {"b.time_work": {"unit": "seconds", "number": 1, "per_process": per_process, "base": base,
+                                      "head": head}}, "rounds": {}}
+
+
+def test_the_resampling_keeps_the_crossover_the_gate_judges_by():
+    # The gate takes each process pair's base-first and head-first medians apart, so a second-sample handicap
+    # cancels (benchgate.judged_values). A resampling that moves a pair to the other order's place measures another
+    # gate: each value then mixes the two orders, a spread of about the handicap where the gate's has none.
+    for per_process in (10, 0):
+        picked = aaseries._blocks(120, random.Random(5), per_process)
+        assert len(picked) == 120 and all(i % 2 == k % 2 for k, i in enumerate(picked)), per_process
+    found = aaseries.study([_order_run(random.Random(s)) for s in range(3)], resampled=300)
+    real, res = (found.to_json()["combinations"]["b.time_work"][which] for which in ("real", "resampled"))
+    assert res["pairs_median"] == real["pairs_median"] == aaseries.MIN_PAIRS, found.text()
+    assert res["detects_median"] < 0.04 and real["detects_median"] < 0.04, found.text()
+
+
+def test_the_study_stops_where_the_gate_does():
+    # One rule (benchgate.Stopping), three ways in: interleave's looks on measurements as they arrive, the study's
+    # stop_at on a recorded series' log ratios, a judged row's done; on the same pairs they agree at every look.
+    from harness.ci import interleave
+    from harness.ci.asvresults import Measurement
+    from harness.ci.benchgate import judge_rounds, log_ratios
+
+    rule = interleave.pairs_rule()
+    for seed in range(30):
+        rng = random.Random(seed)
+        run = _process_pairs_run(rng, 10, processes=30, offset=rng.choice((0.0, 0.01, 0.03)))["pairs"]["b.time_work"]
+        base = [Measurement("b.time_work", "", "seconds", v) for v in run["base"]]
+        head = [Measurement("b.time_work", "", "seconds", v * rng.choice((1.0, 1.05))) for v in run["head"]]
+        looked = next((n for n in range(1, len(base) + 1) if rule.stops(base[:n], head[:n])), len(base))
+        assert looked == rule.stop_at(log_ratios(base, head)), seed
+        for n in range(rule.first, len(base) + 1, rule.every):
+            row = judge_rounds(base[:n], head[:n], rule.factor, source="interleaved pairs",
+                               per_process=rule.per_process)
+            assert rule.done(row) == rule.settles(log_ratios(base[:n], head[:n])), (seed, n)
+
+
 def test_noisy_pairs_resolve_less_and_say_so():
     # 15% spread a pair, 120 pairs: 3% is beyond what they resolve (caught rarely); detects says about 6-8%.
     rng = random.Random(2)

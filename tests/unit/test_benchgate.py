@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from harness.ci import benchgate
 from harness.ci.asvresults import Measurement
 from harness.ci.benchgate import (
     FACTOR,
@@ -24,6 +25,7 @@ from harness.ci.benchgate import (
     outcome,
     paired,
 )
+from harness.errors import InvalidValue
 
 _STATS = ({"repeat": 10}, [0.0] * 10)
 
@@ -285,3 +287,12 @@ def test_a_benchmark_skipped_on_head_that_ran_on_base_is_inconclusive_not_clean(
     assert judge_rounds(_rounds("a.time_x", "s", math.nan, math.nan),
                         _rounds("a.time_x", "s", math.nan, math.nan)).verdict is Verdict.SKIPPED
     assert judge_rounds(_rounds("a.time_x", "s", 1.0, 1.0), []).verdict is Verdict.SKIPPED
+
+
+def test_the_stopping_rule_looks_when_due_and_names_a_bad_setting():
+    rule = benchgate.Stopping(first=40, every=20)
+    assert [n for n in range(100) if rule.due(n)] == [40, 60, 80]
+    for bad, said in (({"first": 1}, "first=1"), ({"every": 0}, "every=0"), ({"factor": 1.0}, "factor=1.0"),
+                      ({"per_process": 1}, "per_process=1")):
+        with pytest.raises(InvalidValue, match=said):
+            benchgate.Stopping(**bad)
