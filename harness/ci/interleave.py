@@ -14,9 +14,12 @@ the CPU it last ran on, so base's and head's processes tend to keep a CPU each: 
 its bounds below the 3% floor (tests/ci/test_gate.py, c4bf300). The first sample of a pair runs where the system
 puts it; the second worker's main thread is then pinned to the CPU the first one ran on, and unpinned after its
 sample (``os.sched_setaffinity`` on the process id: on Linux, its main thread alone; threads a benchmark's library
-started, such as TensorFlow's pools, keep theirs). Pinning both to a fixed CPU instead made it worse beside a busy
-process: the pair was forced onto the busy CPU, and the 5% loop measured 1.010-1.020x in 3 runs of 3 beside one CPU
-hog. Where pinning is not available (not Linux, or refused), the workers run where the system puts them.
+started, such as TensorFlow's pools, keep theirs). Unpinned is back to the CPU set it had (a benchmark that set its
+own affinity keeps it; one confined to other CPUs than the first sample's is not pinned at all), and a thread started
+while it was pinned, which inherited the pin, is released with it (:func:`_pin`, :func:`_release`). Pinning both
+to a fixed CPU instead made it worse beside a busy process: the pair was forced onto the busy CPU, and the 5% loop
+measured 1.010-1.020x in 3 runs of 3 beside one CPU hog. Where pinning is not available (not Linux, or refused),
+the workers run where the system puts them.
 
 A process pair takes ``PER_PROCESS`` pairs, then both processes are replaced by new ones. Two processes running the
 same code differ in speed by a fixed share for their whole life: an A/A of this busy loop (one commit against
@@ -32,8 +35,10 @@ dilutes a change toward 1x: beside two CPU hogs the 5% longer loop's wall-time r
 the CPU-time ratio of the same samples (four runs of 400 pairs, docs/regressions.md).
 So the worker times a benchmark on the default wall clock with that clock stopped while its thread waits on a run
 queue (``pairworker._net_clock``: the kernel's per-thread run-queue wait, ``/proc/.../schedstat``): sleeps, I/O
-and waits on other threads still count, the time the host gave to other processes does not. A benchmark with a
-timer of its own keeps it, as does a kernel without schedstat (``Sampled.net`` says which).
+and waits on other threads still count, the time the host gave to other processes does not; a wait that the CPU
+time of the benchmark's own other threads could explain counts too (a busy helper thread a change adds is its cost,
+``pairworker._NetClock``). A benchmark with a timer of its own keeps it, as does a kernel without schedstat
+(``Sampled.net`` says which).
 
 :func:`measure` samples until its rule says the pairs are decided (``benchgate.Stopping``, the one rule the gate,
 its rounds and the A/A study share; :func:`pairs_rule`: the bounds exclude the gate's factor, looked at every
@@ -161,28 +166,58 @@ class _Worker:
             self._selector.close()
 
 
-def _cpus() -> list[int]:
-    """The CPUs this process may run on, where there are two or more and threads can be pinned; else none."""
-    if not hasattr(os, "sched_setaffinity"):
-        return []
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus if len(cpus) > 1 else []
+def _can_pin() -> bool:
+    """Whether threads can be pinned here and this process may run on two CPUs or more."""
+    return hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1
 
 
-def _follow(pid: int, leader: int | None, cpus: list[int]) -> list[int]:
+@dataclass(frozen=True)
+class _Pinned:
+    """A worker's main thread pinned to ``cpu``: its own CPU set before (``own``, the benchmark's choice, kept), and
+    the threads it had then (``before``: a thread started while pinned inherits the pin, and is released with it)."""
+
+    pid: int
+    cpu: int
+    own: frozenset[int]
+    before: frozenset[str]
+
+
+def _pin(pid: int, leader: int) -> _Pinned | None:
     """Pins the main thread of ``pid`` to the CPU ``leader``'s main thread last ran on (``/proc/PID/stat``'s
-    ``processor``), or with ``leader`` None back to all of ``cpus``; returns ``cpus``, or none (following given up)
-    where the system refuses or says nothing."""
+    ``processor``), where that CPU is one of its own (a benchmark that confined itself to other CPUs is left where it
+    chose, as is one already on that CPU alone): what :func:`_release` undoes, or None where nothing was pinned.
+
+    Raises:
+        OSError, ValueError, IndexError: the system refuses or says nothing (following is then given up).
+    """
+    stat = Path(f"/proc/{leader}/stat").read_text()
+    cpu = int(stat[stat.rindex(")") + 2:].split()[36])  # field 39; the command name may hold spaces
+    own = frozenset(os.sched_getaffinity(pid))
+    if cpu not in own or own == {cpu}:
+        return None
+    before = frozenset(os.listdir(f"/proc/{pid}/task"))
+    os.sched_setaffinity(pid, {cpu})
+    return _Pinned(pid, cpu, own, before)
+
+
+def _release(pinned: _Pinned) -> None:
+    """The main thread back on its own CPU set, and so is each thread started while it was pinned that still has the
+    pin it inherited (one that chose a CPU set of its own keeps it; one that ended is gone).
+
+    Raises:
+        OSError: the system refuses (following is then given up).
+    """
+    os.sched_setaffinity(pinned.pid, pinned.own)
     try:
-        if leader is None:
-            os.sched_setaffinity(pid, cpus)
-        else:
-            stat = Path(f"/proc/{leader}/stat").read_text()
-            cpu = int(stat[stat.rindex(")") + 2:].split()[36])  # field 39; the command name may hold spaces
-            os.sched_setaffinity(pid, {cpu})
-    except (OSError, ValueError, IndexError):
-        return []
-    return cpus
+        born = set(os.listdir(f"/proc/{pinned.pid}/task")) - pinned.before
+    except OSError:  # the process ended
+        return
+    for tid in born:
+        try:
+            if os.sched_getaffinity(int(tid)) == {pinned.cpu}:
+                os.sched_setaffinity(int(tid), pinned.own)
+        except OSError:  # it ended in between
+            continue
 
 
 def benchmark_id(config: Path, key: Key) -> tuple[Path, str]:
@@ -262,19 +297,28 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
     "max pairs", or "budget": ``time.perf_counter()`` past ``end``), or "" where only this process pair's share is
     taken."""
     base, head = sides
-    cpus = _cpus()
+    following = _can_pin()
     for _ in range(count):
         order = (0, 1) if len(base) % 2 == 0 else (1, 0)
         seconds = {}
-        for side in order:
-            seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
-            if not 0 < seconds[side] < math.inf:  # never judged as a zero value: a clock gone wrong is no verdict
-                raise Failed(f"the {workers[side].label} side's benchmark process answered a sample of "
-                             f"{seconds[side]!r} s")
-            if cpus and side == order[0]:  # the second sample where the first ran
-                cpus = _follow(workers[order[1]].process.pid, workers[side].process.pid, cpus)
-        if cpus:
-            cpus = _follow(workers[order[1]].process.pid, None, cpus)
+        pinned = None
+        try:
+            for side in order:
+                seconds[side] = float(workers[side].ask(_SAMPLE_S, sample=number)["seconds"])
+                if not 0 < seconds[side] < math.inf:  # never judged as a zero value: a clock gone wrong is no verdict
+                    raise Failed(f"the {workers[side].label} side's benchmark process answered a sample of "
+                                 f"{seconds[side]!r} s")
+                if following and side == order[0]:  # the second sample where the first ran
+                    try:
+                        pinned = _pin(workers[order[1]].process.pid, workers[side].process.pid)
+                    except (OSError, ValueError, IndexError):
+                        following = False
+        finally:
+            if pinned is not None:
+                try:
+                    _release(pinned)
+                except OSError:
+                    following = False
         base.append(Measurement(name, params, unit, seconds[0]))
         head.append(Measurement(name, params, unit, seconds[1]))
         said = look()

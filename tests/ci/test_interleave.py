@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("asv_runner")
 
 from harness.ci import interleave  # noqa: E402
-from harness.ci.benchgate import Stopping  # noqa: E402
+from harness.ci.benchgate import Stopping, Verdict, judge_rounds  # noqa: E402
 from harness.errors import Failed  # noqa: E402
 
 _BENCH = textwrap.dedent('''
@@ -29,8 +29,12 @@ _BENCH = textwrap.dedent('''
         def setup(self):
             self.side = Path(os.environ["PYTHONPATH"]).name  # the folder of "the commit": base or head
             cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-            if len(cpus) > 1:  # each side on a CPU of its own, as the system may keep them: the pairs must not
+            if len(cpus) > 1:  # each side starts on a CPU of its own, as the system may keep them: the pairs must not
                 os.sched_setaffinity(0, {cpus[self.side == "head"]})
+                end = time.perf_counter() + 0.05
+                while time.perf_counter() < end:
+                    pass
+                os.sched_setaffinity(0, cpus)  # then free to run anywhere, its own CPU set all of them
 
         def time_call(self):
             stat = Path("/proc/self/stat").read_text() if Path("/proc/self/stat").exists() else ""
@@ -81,6 +85,66 @@ _BENCH = textwrap.dedent('''
                 total += i * i
             with open(os.environ["PAIR_LOG"], "a") as log:
                 log.write(f"{time.perf_counter() - wall} {time.thread_time() - cpu}\\n")
+
+
+    HELPER = {}  # at module level: asv runs setup again before each sample
+
+
+    class Helped:
+        """A CPU-bound call on the one CPU the benchmark chose for itself once (base the first CPU, head the last);
+        on head a helper thread of its own works on that CPU while the call runs (hashing: it lets go of the GIL), so
+        head's call takes about twice as long."""
+        number = 1
+        warmup_time = 0
+
+        def setup(self):
+            import hashlib
+            import threading
+            if HELPER:
+                return
+            side = Path(os.environ["PYTHONPATH"]).name
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[-1] if side == "head" else cpus[0]})  # its choice: the helper inherits it
+            HELPER.update(side=side, go=threading.Event())
+            data = b"x" * (1 << 20)
+
+            def helper():
+                while True:
+                    HELPER["go"].wait()
+                    hashlib.sha256(data).digest()
+
+            if side == "head":
+                threading.Thread(target=helper, daemon=True).start()
+
+        def time_call(self):
+            HELPER["go"].set()
+            wall, cpu = time.perf_counter(), time.thread_time()
+            total = 0
+            for i in range(300_000):
+                total += i * i
+            HELPER["go"].clear()
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(f"{HELPER['side']} {time.perf_counter() - wall} {time.thread_time() - cpu} "
+                          f"{','.join(map(str, sorted(os.sched_getaffinity(0))))}\\n")
+
+
+    SPAWNED = []  # at module level: asv runs setup again before each sample
+
+
+    class Spawns:
+        """Each call starts a thread that lives on; each call logs the CPU sets of the threads earlier calls
+        started (the driver pins this process's main thread for the second sample of a pair, and unpins it after)."""
+        number = 1
+        warmup_time = 0
+
+        def time_call(self):
+            import threading
+            sets = [sorted(os.sched_getaffinity(t.native_id)) for t in SPAWNED]
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(f"{len(os.sched_getaffinity(0))} {sets}\\n")
+            thread = threading.Thread(target=threading.Event().wait, daemon=True)
+            thread.start()
+            SPAWNED.append(thread)
 
 
     class Sleeps:
@@ -200,6 +264,37 @@ def test_a_sample_leaves_out_the_time_the_host_gave_to_other_processes(suite):
     slept = _measure("Sleeps", targets, _Looks(first=100), max_pairs=4)
     assert slept.net and min(m.value for m in slept.base + slept.head) >= 0.02
     assert not _measure("OwnTimer", targets, _Looks(first=100), max_pairs=4).net
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists() or not hasattr(os, "sched_setaffinity")
+                    or len(os.sched_getaffinity(0)) < 2,
+                    reason="the kernel says nothing of run-queue waits here, or there are no two CPUs to pin to")
+def test_a_helper_thread_a_change_adds_is_timed_and_the_benchmarks_own_cpu_kept(suite):
+    # Head's helper thread takes its CPU from the call: a wait on the run queue behind the benchmark's own thread
+    # is time it costs, caught by the gate's rule (a clock that took every run-queue wait out measured about 1.0x).
+    # Each side chose its CPU, base the first and head the last: every call ran there, and the second sample of a
+    # pair was not pinned to the other side's CPU (pinned there, head's helper would have had a CPU of its own).
+    folder, targets = suite
+    done = _measure("Helped", targets, interleave.pairs_rule(), max_pairs=80)
+    row = judge_rounds(list(done.base), list(done.head), source="interleaved pairs", per_process=done.per_process)
+    assert done.net and row.verdict is Verdict.WORSE and row.ratio > 1.3, (row, done.stopped)
+    logged = [line.split() for line in (folder / "log").read_text().splitlines()]
+    chosen = {side: {cpus for s, _, _, cpus in logged if s == side} for side in ("base", "head")}
+    assert chosen == {"base": {"0"}, "head": {str(max(os.sched_getaffinity(0)))}}, chosen
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="no two CPUs to pin to")
+def test_a_thread_started_while_pinned_is_released_with_the_main_thread(suite):
+    folder, targets = suite
+    _measure("Spawns", targets, _Looks(per_process=0), max_pairs=12)
+    everywhere = len(os.sched_getaffinity(0))
+    logged = [line.split(" ", 1) for line in (folder / "log").read_text().splitlines()]
+    pinned = [line for line in logged if line[0] == "1"]  # calls while the driver had this process pinned
+    assert pinned, logged  # the second sample of each pair (and its untimed call) was pinned
+    assert len(eval(logged[-1][1])) > 10, logged  # threads from earlier calls, some started pinned
+    for main, sets in logged:  # once unpinned, every earlier call's thread is free, whether or not it started pinned
+        assert main == "1" or all(len(cpus) == everywhere for cpus in eval(sets)), logged
 
 
 def test_limits_stop_the_sampling(suite):
