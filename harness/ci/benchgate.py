@@ -55,7 +55,8 @@ from harness.errors import EXIT_NO_VERDICT, EXIT_OK, EXIT_VERDICT, InvalidValue
 __all__ = ["Verdict", "Row", "Rounds", "Noise", "Paired", "higher_is_better", "judge", "judge_rounds", "paired",
            "decided", "settled", "conclude", "Stopping", "log_ratios", "outcome", "INCONCLUSIVE_POLICIES",
            "judge_all", "judged_values", "worse_ratio", "threshold", "exit_status", "markdown",
-           "check_per_process", "NOISE_K", "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees"]
+           "check_per_process", "NOISE_K", "FACTOR", "ALPHA", "POWER", "MEDIAN_PAIRS", "SEES_BEYOND", "sees",
+           "FAMILY_ALPHA", "judgment_alpha", "t_quantile"]
 
 # ``track_final_accuracy`` and ``track_ratio_to_stock`` (harness over stock samples/s) improve upwards,
 # ``track_steps_to_accuracy`` (a count until reached) downwards.
@@ -72,10 +73,72 @@ MEDIAN_PAIRS = 20  # from this many pairs on, the median and its order-statistic
 # 5% (tests/ci/test_gate.py's busy loop, beside other work: 1 such pass in 9 at c4bf300).
 SEES_BEYOND = 0.02
 _Z_POWER = statistics.NormalDist().inv_cdf(POWER)
-# Student's t at 1 - ALPHA = 0.99 for 1 .. 30 degrees of freedom (tests/unit/test_benchgate.py checks the table
-# against scipy's); the normal quantile beyond.
-_T99 = (31.821, 6.965, 4.541, 3.747, 3.365, 3.143, 2.998, 2.896, 2.821, 2.764, 2.718, 2.681, 2.650, 2.624, 2.602,
-        2.583, 2.567, 2.552, 2.539, 2.528, 2.518, 2.508, 2.500, 2.492, 2.485, 2.479, 2.473, 2.467, 2.462, 2.457)
+# The false alarms a pull request may raise, over all its judgments at once: each judgment's bounds are taken at
+# ``judgment_alpha(m)`` = min(ALPHA, FAMILY_ALPHA / m) for m judged combinations (Bonferroni: the chance that any
+# of them says worse of one commit against itself is at most the sum of theirs). Up to 5 combinations nothing
+# changes; a grid of 40 judges each at 0.125%.
+FAMILY_ALPHA = 0.05
+
+
+def judgment_alpha(judged: int, family: float = FAMILY_ALPHA) -> float:
+    """Each judgment's one-sided level where ``judged`` combinations are judged at once: ``min(ALPHA, family /
+    judged)``, so that a pull request says worse of an unchanged commit at most ``family`` of the time.
+
+    Raises:
+        InvalidValue: ``family`` not in (0, 1), or ``judged`` negative.
+    """
+    if not 0 < family < 1:
+        raise InvalidValue(f"the family's false-alarm rate must be in (0, 1); got {family!r}")
+    if judged < 0:
+        raise InvalidValue(f"judged must be 0 or more; got {judged}")
+    return min(ALPHA, family / max(1, judged))
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (its continued fraction, modified Lentz)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast below this point: use the symmetry
+        return 1.0 - _betainc(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * f
+
+
+@functools.lru_cache(maxsize=4096)
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile at ``p`` (> 0.5) with ``df`` degrees of freedom (tests/unit/test_benchgate.py checks it
+    against scipy's)."""
+    tail = 1.0 - p
+
+    def upper(t: float) -> float:  # P(T > t), t >= 0
+        return 0.5 * _betainc(df / 2, 0.5, df / (df + t * t))
+
+    low, high = 0.0, 1.0
+    while upper(high) > tail:
+        low, high = high, 2 * high
+    for _ in range(100):
+        mid = (low + high) / 2
+        if upper(mid) > tail:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
 
 
 class Verdict(str, Enum):
@@ -105,7 +168,7 @@ class Noise:
 class Paired:
     """What ``n`` pairs say about how much worse head is, on a log scale (> 0 worse).
 
-    ``low`` and ``high`` are one-sided bounds at ``1 - ALPHA`` (-inf/inf where too few pairs give none); ``se`` the
+    ``low`` and ``high`` are one-sided bounds at ``1 - alpha`` (-inf/inf where too few pairs give none); ``se`` the
     estimate's standard error; ``spread`` the spread of one pair's log ratio.
     """
 
@@ -116,6 +179,7 @@ class Paired:
     se: float
     spread: float
     method: str  # "mean" (t) or "median" (order statistics)
+    alpha: float = ALPHA  # the bounds' one-sided level
 
     @property
     def margin(self) -> float:
@@ -162,10 +226,10 @@ def judged_values(log_ratios: Sequence[float], per_process: int = 0) -> list[flo
     return values
 
 
-def paired(log_ratios: Sequence[float]) -> Paired:
+def paired(log_ratios: Sequence[float], alpha: float = ALPHA) -> Paired:
     """The estimate and its bounds from pairs' log ratios (> 0: head worse).
 
-    Fewer than ``MEDIAN_PAIRS``: the mean, Student's t at 1 - ALPHA (a round-to-round spread is near normal and
+    Fewer than ``MEDIAN_PAIRS``: the mean, Student's t at ``1 - alpha`` (a round-to-round spread is near normal and
     rounds are few). From ``MEDIAN_PAIRS`` on: the median, bounded by order statistics (the sign test: valid for
     any shape of noise, and a pair that straddled a jump in the host's speed moves it by one rank, not by its size).
 
@@ -181,14 +245,14 @@ def paired(log_ratios: Sequence[float]) -> Paired:
     if n < MEDIAN_PAIRS:
         mean, sd = statistics.fmean(values), statistics.stdev(values)
         se = sd / math.sqrt(n)
-        t = _T99[n - 2] if n - 1 <= len(_T99) else statistics.NormalDist().inv_cdf(1 - ALPHA)
-        return Paired(n, mean, mean - t * se, mean + t * se, se, sd, "mean")
+        t = t_quantile(1 - alpha, n - 1)
+        return Paired(n, mean, mean - t * se, mean + t * se, se, sd, "mean", alpha)
     median = statistics.median(values)
-    k = _order_bound(n, ALPHA)  # P(median < values[k - 1]) <= ALPHA
+    k = _order_bound(n, alpha)  # P(median < values[k - 1]) <= alpha
     low, high = (values[k - 1], values[n - k]) if k else (-math.inf, math.inf)
     k95 = _order_bound(n, 0.025)
     se = (values[n - k95] - values[k95 - 1]) / (2 * 1.96) if k95 else math.inf
-    return Paired(n, median, low, high, se, se * math.sqrt(n) / 1.2533, "median")  # median's se = 1.2533 sd/sqrt(n)
+    return Paired(n, median, low, high, se, se * math.sqrt(n) / 1.2533, "median", alpha)  # se = 1.2533 sd/sqrt(n)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -286,7 +350,8 @@ def judge(name: str, unit: str, base, head, base_stats=None, head_stats=None, fa
 
 
 def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], factor: float = FACTOR,
-                 history: Noise | None = None, source: str = "rounds", per_process: int = 0) -> Row:
+                 history: Noise | None = None, source: str = "rounds", per_process: int = 0,
+                 alpha: float = ALPHA) -> Row:
     """The verdict on pairs: ``base[i]`` and ``head[i]`` measured next to each other (module docstring).
 
     Args:
@@ -296,6 +361,8 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
         source: what a pair is, for the row's noise cell ("rounds", "interleaved pairs").
         per_process: pairs taken from one process pair before the next (``interleave.Sampled.per_process``): each
             process pair's median is one value judged (:func:`judged_values`); 0: each pair is.
+        alpha: the bounds' one-sided level (``ALPHA``; less where a pull request judges many combinations at once,
+            :func:`judgment_alpha`).
     """
     _check_factor(factor)
     first = (base or head)[0]
@@ -320,7 +387,7 @@ def judge_rounds(base: Sequence[Measurement], head: Sequence[Measurement], facto
     if len(values) < 2:
         return replace(row, verdict=Verdict.UNJUDGED,
                        note="pairs from one process pair: no spread between processes to judge against")
-    pairs = paired(values)
+    pairs = paired(values, alpha)
     limit = pairs.threshold(factor)
     ratio = math.exp(pairs.estimate)
     verdict = Verdict.SAME
@@ -385,9 +452,12 @@ class Stopping:
     every: int = 1
     see: bool = False
     per_process: int = 0
+    alpha: float = ALPHA  # the bounds' one-sided level (judgment_alpha where many combinations are judged)
 
     def __post_init__(self) -> None:
         _check_factor(self.factor)
+        if not 0 < self.alpha < 0.5:
+            raise InvalidValue(f"a stopping rule's alpha must be in (0, 0.5); got alpha={self.alpha!r}")
         check_per_process(self.per_process)
         if self.first < 2 or self.every < 1:
             raise InvalidValue(f"a stopping rule looks from 2 values on, every 1 or more; got first={self.first}, "
@@ -400,7 +470,7 @@ class Stopping:
     def settles(self, log_ratios: Sequence[float]) -> bool:
         """Whether pairs with these log ratios (> 0: head worse) are settled."""
         values = judged_values(log_ratios, self.per_process)
-        return len(values) >= 2 and settled(paired(values), self.factor, see=self.see)
+        return len(values) >= 2 and settled(paired(values, self.alpha), self.factor, see=self.see)
 
     def stops(self, base: Sequence[Measurement], head: Sequence[Measurement]) -> bool:
         """Whether measuring stops at these pairs: a look is due and they are settled, or (a zero value or a failure
@@ -419,7 +489,7 @@ class Stopping:
 
     def done(self, row: Row) -> bool:
         """:func:`decided` by this rule's factor and ``see``: a row judged by :func:`judge_rounds` with this rule's
-        ``per_process`` settles exactly where :meth:`settles` does on its pairs."""
+        ``per_process`` and ``alpha`` settles exactly where :meth:`settles` does on its pairs."""
         return decided(row, self.factor, see=self.see)
 
 
@@ -513,10 +583,11 @@ def _significant(base_stats, head_stats, different) -> bool:
     return bool(different(base_stats[1], head_stats[1], base_stats[0], head_stats[0]))
 
 
-def judge_all(rounds: Rounds, factor: float = FACTOR, history: Mapping[Key, Noise] | None = None) -> list[Row]:
+def judge_all(rounds: Rounds, factor: float = FACTOR, history: Mapping[Key, Noise] | None = None,
+              alpha: float = ALPHA) -> list[Row]:
     """:func:`judge_rounds` for every benchmark combination measured on either side."""
     history = history or {}
-    return [judge_rounds(rounds.base.get(key, []), rounds.head.get(key, []), factor, history.get(key))
+    return [judge_rounds(rounds.base.get(key, []), rounds.head.get(key, []), factor, history.get(key), alpha=alpha)
             for key in rounds.keys()]
 
 
@@ -556,8 +627,9 @@ def _no_verdict(rows: list[Row]) -> str | None:
     return None
 
 
-def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
-    """A pull-request comment: verdict line, then the table (worse and errors first)."""
+def markdown(rows: list[Row], base: str, head: str, factor: float, alpha: float = ALPHA) -> str:
+    """A pull-request comment: verdict line, then the table (worse and errors first); ``alpha``: each judgment's
+    one-sided level (:func:`judgment_alpha`)."""
     said, why = outcome(rows), _no_verdict(rows)
     counts = {v: sum(r.verdict is v for r in rows) for v in Verdict}
     unsure = counts[Verdict.INCONCLUSIVE]
@@ -584,7 +656,8 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
         detects = "" if row.detects is None else "none" if math.isinf(row.detects) else f"{100 * row.detects:.1f}%"
         lines.append(f"| {marks.get(row.verdict, '')} | `{name}` | {_value(row.base)} | {_value(row.head)} | "
                      f"{ratio} | {noise} | {detects} | {row.unit} | {row.note} |")
-    lines += ["", "`+` worse: beyond the factor and beyond the noise (its lower 99% bound above no change), `-` "
+    lines += ["", f"`+` worse: beyond the factor and beyond the noise (its lower {100 * (1 - alpha):.4g}% bound above "
+              f"no change; {_alpha_said(alpha)}), `-` "
               "better, `!` failed on head, `~` inconclusive (measuring stopped before it could tell the factor from no "
               "change, or skipped on head), `*` fixed, `?` unjudged (a single value, or one process pair: no spread); "
               "samples/s, "
@@ -594,6 +667,12 @@ def markdown(rows: list[Row], base: str, head: str, factor: float) -> str:
               "night-to-night noise beside it where a history was given: shown, not used); *detects*: the change "
               f"this row catches {100 * POWER:.0f}% of the time at that spread (the factor, {factor:g}, at least)."]
     return "\n".join(lines)
+
+
+def _alpha_said(alpha: float) -> str:
+    if alpha >= ALPHA:
+        return f"at most {100 * alpha:.4g}% false alarms a benchmark"
+    return f"{100 * alpha:.3g}% a benchmark: --family-alpha shared among all the benchmarks judged"
 
 
 def _value(value) -> str:

@@ -76,7 +76,7 @@ from pathlib import Path
 from harness.ci import asvresults, benchgate
 from harness.ci.asvresults import Key, Measurement
 from harness.ci.asvrun import AsvProject
-from harness.ci.benchgate import FACTOR, Noise, Row, Stopping
+from harness.ci.benchgate import ALPHA, FACTOR, Noise, Row, Stopping
 from harness.errors import Failed, InvalidValue
 
 __all__ = ["Sampled", "measure", "benchmark_id", "compare", "compare_rounds", "install_pair", "pairable", "timed",
@@ -329,16 +329,16 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
     return ""
 
 
-def pairs_rule(factor: float = FACTOR, see: bool = True) -> Stopping:
+def pairs_rule(factor: float = FACTOR, see: bool = True, alpha: float = ALPHA) -> Stopping:
     """The gate's rule for interleaved pairs: a first look at ``MIN_PAIRS``, then every ``BATCH``, each process
     pair's ``PER_PROCESS`` pairs one value judged; with ``see`` (the gate), a pass also goes on until it could see
     ``benchgate.sees``."""
-    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS)
+    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS, alpha=alpha)
 
 
-def rounds_rule(factor: float = FACTOR, first: int = 2) -> Stopping:
+def rounds_rule(factor: float = FACTOR, first: int = 2, alpha: float = ALPHA) -> Stopping:
     """The gate's rule for asv rounds: a first look at ``first`` rounds a side (``--rounds``), then every round."""
-    return Stopping(factor, first=first, every=1)
+    return Stopping(factor, first=first, every=1, alpha=alpha)
 
 
 def timed(name: str) -> bool:
@@ -381,7 +381,7 @@ def install_pair(project: AsvProject, base: str, head: str, folder: Path) -> tup
 
 def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path], factor: float,
             budget_s: float = BUDGET_S, history_noise: Noise | None = None, no_rerun: bool = False,
-            progress: Callable[[str], None] | None = None, *, see: bool = True) -> Row:
+            progress: Callable[[str], None] | None = None, *, see: bool = True, alpha: float = ALPHA) -> Row:
     """Benchmark combination ``key`` of ``project``, base (``targets[0]``) against head (``targets[1]``, folders
     from :func:`install_pair`), judged in interleaved pairs by the gate's rule.
 
@@ -398,14 +398,14 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
             hold ``key``.
     """
     name, params = key
-    rule = pairs_rule(factor, see=see)
+    rule = pairs_rule(factor, see=see, alpha=alpha)
     sampled = measure(key, unit, project.config, targets, rule, max_pairs=rule.first if no_rerun else MAX_PAIRS,
                       budget_s=budget_s, progress=progress)
     if sampled.skipped:
         return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
                    note=sampled.skipped, history=history_noise)
     again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), factor, history_noise,
-                                   "interleaved pairs", sampled.per_process)
+                                   "interleaved pairs", sampled.per_process, alpha)
     waits = "; run-queue waits taken out" if sampled.net else ""
     said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
     return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
@@ -413,7 +413,7 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
 
 def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: float,
                    budget_s: float = BUDGET_S, max_rounds: int = MAX_ROUNDS, history_noise: Noise | None = None,
-                   progress: Callable[[str], None] | None = None) -> Row:
+                   progress: Callable[[str], None] | None = None, alpha: float = ALPHA) -> Row:
     """Benchmark combination ``key`` of ``project``, commit ``base`` against commit ``head``, judged by the gate's
     rule on whole asv runs (rounds): base then head, then head then base, ... (a host drifting one way favours
     neither side), from 2 rounds a side until decided (``benchgate.decided``), ``max_rounds`` a side, or
@@ -430,7 +430,7 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
     if base == head:
         raise InvalidValue(f"compare_rounds needs two commits; got {base[:12]} twice")
     regex = bench_regex(key)
-    rule = rounds_rule(factor)
+    rule = rounds_rule(factor, alpha=alpha)
     sides: dict[str, list[Measurement]] = {base: [], head: []}
     start = time.perf_counter()
     number = 0
@@ -447,7 +447,7 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
         number += 1
         if not rule.due(number):
             continue
-        row = benchgate.judge_rounds(sides[base], sides[head], factor, history_noise)
+        row = benchgate.judge_rounds(sides[base], sides[head], factor, history_noise, alpha=alpha)
         if number >= max_rounds or rule.done(row):
             stopped = "decided" if rule.done(row) else "max rounds"
             break

@@ -88,6 +88,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--inconclusive", choices=INCONCLUSIVE_POLICIES, default="fail",
                    help="a benchmark that could not tell --factor from no change within its budget: fail (exit 3, "
                         "the default: never a silent pass) or warn (said in the summary only)")
+    p.add_argument("--family-alpha", type=float, default=None, metavar="RATE",
+                   help="false alarms allowed per run of the gate, over all the combinations it judges: each "
+                        "judgment's bounds at min(1%%, RATE / combinations judged) (Bonferroni; default 0.05)")
     p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
                    help="seconds of interleaved sampling per time_ benchmark combination at most, new process "
                         "pairs' set-up counted (default 60)")
@@ -124,6 +127,10 @@ def run(args) -> int:
                            "benchmark: no spread to judge a change against)")
     if args.max_rounds < args.rounds:
         raise InvalidValue(f"--max-rounds must be at least --rounds ({args.rounds}); got {args.max_rounds}")
+    if args.family_alpha is None:
+        args.family_alpha = benchgate.FAMILY_ALPHA
+    if not 0 < args.family_alpha < 1:
+        raise InvalidValue(f"--family-alpha must be in (0, 1); got {args.family_alpha:g}")
     if args.pair_budget is not None and not args.pair_budget > 0:
         raise InvalidValue(f"--pair-budget must be > 0 seconds; got {args.pair_budget:g}")
     if (args.save_runs or args.aa_pairs is not None) and args.aa_series is None:
@@ -156,19 +163,25 @@ def run(args) -> int:
         for number in range(args.rounds):
             print(f"harness bench-compare: round {number + 1} of {args.rounds}", file=sys.stderr, flush=True)
             measure(args.bench or [])
-        rows = benchgate.judge_all(rounds, args.factor, history)
+        # each judgment at its share of the family's false alarms: one per combination measured on both sides
+        judged = sum(_both_measured(row) for row in benchgate.judge_all(rounds, args.factor, history))
+        args.alpha = benchgate.judgment_alpha(judged, args.family_alpha)
+        print(f"harness bench-compare: {judged} combination(s) to judge: each at alpha {args.alpha:.3g} "
+              f"(--family-alpha {args.family_alpha:g} over them all)", file=sys.stderr, flush=True)
+        rows = benchgate.judge_all(rounds, args.factor, history, args.alpha)
         rows, in_pairs = _interleave(args, project, base, head, rows, history)
         rows = benchgate.conclude(_more_rounds(args, rounds, rows, history, measure, in_pairs), args.factor)
     except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
         print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT
     status = benchgate.exit_status(rows, args.inconclusive)
-    text = benchgate.markdown(rows, base, head, args.factor)
+    text = benchgate.markdown(rows, base, head, args.factor, args.alpha)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.json:
         json.dump({"base": base, "head": head, "factor": args.factor, "mode": project.mode,
                    "rounds": args.rounds, "status": status, "outcome": benchgate.outcome(rows),
+                   "family_alpha": args.family_alpha, "alpha": args.alpha, "judged": judged,
                    "inconclusive": args.inconclusive, "rows": [r.to_json() for r in rows],
                    "values": rounds.to_json()}, sys.stdout, indent=2)
         print()
@@ -194,7 +207,7 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
     and the keys of those judged on pairs (their verdict is the pairs', undecided or not: no rounds replace it)."""
     import tempfile
 
-    from harness.ci import interleave
+    from harness.ci import benchgate, interleave
     from harness.ci.benchgate import Verdict
 
     wanted = [row for row in rows if _timed(row.name) and _both_measured(row)]
@@ -218,7 +231,7 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
                 again = interleave.compare(project, key, row.unit, targets, args.factor,
                                            budget_s=args.pair_budget or interleave.BUDGET_S,
                                            history_noise=history.get(key), no_rerun=args.no_rerun,
-                                           progress=progress)
+                                           progress=progress, alpha=getattr(args, "alpha", benchgate.ALPHA))
             except Failed as err:  # the rounds' row stands, saying why it was not timed in pairs
                 judged[key] = replace(row, note=f"not timed in pairs: {err}")
                 continue
@@ -238,7 +251,8 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set
 
     from harness.ci import benchgate, interleave
 
-    rule = interleave.rounds_rule(args.factor, first=args.rounds)
+    alpha = getattr(args, "alpha", benchgate.ALPHA)
+    rule = interleave.rounds_rule(args.factor, first=args.rounds, alpha=alpha)
     while not args.no_rerun:
         undecided = [row for row in rows if not rule.done(row)
                      and len(rounds.base.get((row.name, row.params), [])) < args.max_rounds
@@ -253,7 +267,7 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set
                 keys)
         rows = [_again(row, benchgate.judge_rounds(rounds.base.get((row.name, row.params), []),
                                                    rounds.head.get((row.name, row.params), []), args.factor,
-                                                   history.get((row.name, row.params))))
+                                                   history.get((row.name, row.params)), alpha=alpha))
                 if (row.name, row.params) in keys else row for row in rows]
     return rows
 

@@ -55,14 +55,16 @@ _JUDGE = benchgate.judge_rounds  # the real decision, before any plant
 
 
 def _blind(verdict: Verdict) -> Callable:
-    def decide(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0):
-        row = _JUDGE(base, head, factor, history, source, per_process)  # for the name and the values only
+    def decide(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0,
+               alpha=benchgate.ALPHA):
+        row = _JUDGE(base, head, factor, history, source, per_process, alpha)  # for the name and the values only
         return replace(row, verdict=verdict, threshold=None, noise=None, note="", detects=None, pairs=None)
     return decide
 
 
-def _threshold_1_5(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0):
-    return _JUDGE(base, head, 1.5, history, source, per_process)
+def _threshold_1_5(base, head, factor=benchgate.FACTOR, history=None, source="rounds", per_process=0,
+                   alpha=benchgate.ALPHA):
+    return _JUDGE(base, head, 1.5, history, source, per_process, alpha)
 
 
 PLANTS: dict[str, Callable] = {"always 0": _blind(Verdict.SAME), "always 1": _blind(Verdict.WORSE),

@@ -224,7 +224,9 @@ def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(su
     # The second sample of each pair on the CPU the first ran on (where there are two CPUs to pin to)
     if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
         pinned = [(calls[2 * i][1], calls[2 * i + 1][1]) for i in range(40)]
-        assert all(a == b for a, b in pinned), pinned
+        # Unpinned, none of 40 matched here (each side kept the CPU it started on); pinned, 40 of 40 idle and 39
+        # beside other tests (the first side can move between its sample and the driver reading where it ran).
+        assert sum(a == b for a, b in pinned) >= 36, pinned
 
 
 def test_each_process_pair_takes_its_share_of_pairs_then_both_are_new_processes(suite):

@@ -108,11 +108,26 @@ def test_quiet_pairs_let_the_factor_decide_and_noisy_ones_widen_the_threshold():
     assert "20.0% night to night, history (n=30)" in markdown([loud], "a" * 40, "b" * 40, 1.1)
 
 
-def test_t_table_matches_scipy():
+def test_t_quantiles_match_scipy():
     stats = pytest.importorskip("scipy.stats")
-    from harness.ci import benchgate
+    for p in (0.99, 0.999, 0.99875, 1 - 0.05 / 400, 0.9):
+        for df in (1, 2, 3, 5, 9, 18, 30, 100):
+            assert benchgate.t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-9), (p, df)
 
-    assert [round(float(stats.t.ppf(0.99, df)), 3) for df in range(1, 31)] == list(benchgate._T99)
+
+def test_many_combinations_judged_at_once_share_the_family_s_false_alarms():
+    # Bonferroni: up to 5 combinations each keeps 1%; 40 share 5%, each at 0.125%: wider bounds, the same estimate.
+    assert benchgate.judgment_alpha(1) == benchgate.judgment_alpha(5) == benchgate.ALPHA
+    assert benchgate.judgment_alpha(40) == pytest.approx(0.05 / 40)
+    assert benchgate.judgment_alpha(40, family=0.2) == pytest.approx(0.005)
+    with pytest.raises(InvalidValue, match="got 1.5"):
+        benchgate.judgment_alpha(3, family=1.5)
+    values = [0.3 * k / 9 - 0.15 for k in range(10)]  # noisy: the bounds, not the factor, set what is seen
+    one, many = paired(values), paired(values, benchgate.judgment_alpha(40))
+    assert one.estimate == many.estimate and many.low < one.low < one.high < many.high
+    assert many.alpha == 0.05 / 40 and many.detectable(1.03) > one.detectable(1.03)
+    median = paired([0.01 * k for k in range(-20, 41)], 0.05 / 40)
+    assert median.method == "median" and median.low < paired([0.01 * k for k in range(-20, 41)]).low
 
 
 def _log_pairs(rng, n: int, change: float, spread: float) -> list[float]:
