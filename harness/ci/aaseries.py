@@ -35,7 +35,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.ci.asvresults import Measurement
-from harness.ci.benchgate import FACTOR, Stopping, Verdict, higher_is_better, judge_rounds, log_ratios
+from harness.ci.benchgate import (
+    ALPHA,
+    FACTOR,
+    FAMILY_ALPHA,
+    Stopping,
+    Verdict,
+    higher_is_better,
+    judgment_alpha,
+    log_ratios,
+)
 from harness.ci.interleave import BATCH, MIN_PAIRS, pairs_rule, rounds_rule
 from harness.errors import InvalidValue
 
@@ -111,9 +120,11 @@ class _Tally:
     caught: dict = field(default_factory=dict)  # plant -> Rate
     detects: list = field(default_factory=list)  # the A/A judgments' detects
     pairs: list = field(default_factory=list)  # pairs (or rounds) each A/A judgment used
+    said: list = field(default_factory=list)  # each A/A judgment's false alarm, in order (a run's, a window's)
 
     def add(self, aa: bool, planted: dict) -> None:
         self.alarms = Rate(self.alarms.k + aa, self.alarms.n + 1)
+        self.said.append(aa)
         for slowdown, worse in planted.items():
             rate = self.caught.get(slowdown, Rate(0, 0))
             self.caught[slowdown] = Rate(rate.k + worse, rate.n + 1)
@@ -143,6 +154,15 @@ class Study:
 
     runs: int
     combos: dict  # label -> {"kind": ..., "real": _Tally, "resampled": _Tally}
+    alpha: float = ALPHA  # each judgment's level (benchgate.judgment_alpha over the combinations)
+    family_alpha: float = FAMILY_ALPHA
+
+    def per_pull_request(self) -> Rate:
+        """False alarms per pull request: the i-th real judgment of every combination made at once (run i's pairs,
+        window i's rounds), an alarm where any of them says worse."""
+        said = [c["real"].said for c in self.combos.values()]
+        prs = max((len(s) for s in said), default=0)
+        return Rate(sum(any(s[i] for s in said if i < len(s)) for i in range(prs)), prs)
 
     def total(self, which: str) -> _Tally:
         tally = _Tally()
@@ -163,14 +183,18 @@ class Study:
 
     def to_json(self) -> dict:
         return {"runs": self.runs, "max_false_alarms": MAX_FALSE_ALARMS, "plants": list(PLANTS),
-                "passes": self.passes, "real": self.total("real").to_json(),
+                "passes": self.passes, "alpha": self.alpha, "family_alpha": self.family_alpha,
+                "per_pull_request": self.per_pull_request().to_json(), "real": self.total("real").to_json(),
                 "resampled": self.total("resampled").to_json(),
                 "combinations": {label: {"kind": c["kind"], "real": c["real"].to_json(),
                                          "resampled": c["resampled"].to_json()} for label, c in self.combos.items()}}
 
     def text(self) -> str:
         lines = [f"A/A study: {self.runs} runs of one commit, judged by the gate's rule against themselves "
-                 f"(false alarms allowed: {100 * MAX_FALSE_ALARMS:g}% at the upper 95% bound)", ""]
+                 f"(false alarms allowed: {100 * MAX_FALSE_ALARMS:g}% at the upper 95% bound)",
+                 f"per pull request, its {len(self.combos)} combination(s) judged at once (each at alpha "
+                 f"{self.alpha:.3g}, --family-alpha {self.family_alpha:g}): false alarms "
+                 f"{self.per_pull_request().text()}", ""]
         for which, title in (("real", "real judgments (independent)"), ("resampled", "resampled judgments")):
             tally = self.total(which)
             lines.append(f"{title}: false alarms {tally.alarms.text()}")
@@ -213,7 +237,7 @@ def _judge(rule: Stopping, base, head, tally: _Tally) -> None:
     for slowdown in (1.0, *PLANTS):
         size = rule.stop_at([r + math.log(slowdown) for r in ratios])
         heads = head[:size] if slowdown == 1.0 else [plant(m, slowdown) for m in head[:size]]
-        row = judge_rounds(base[:size], heads, rule.factor, source=source, per_process=rule.per_process)
+        row = rule.judge(base[:size], heads, source=source)
         worse[slowdown] = row.verdict is Verdict.WORSE
         if slowdown == 1.0:
             if row.detects is not None and math.isfinite(row.detects):
@@ -223,8 +247,10 @@ def _judge(rule: Stopping, base, head, tally: _Tally) -> None:
 
 
 def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_rounds: int = 6,
-          resampled: int = RESAMPLED, seed: int = 0, min_pairs: int = MIN_PAIRS, batch: int = BATCH) -> Study:
-    """Judges recorded A/A runs (:func:`load_runs`' format) as the module says.
+          resampled: int = RESAMPLED, seed: int = 0, min_pairs: int = MIN_PAIRS, batch: int = BATCH,
+          family_alpha: float = FAMILY_ALPHA) -> Study:
+    """Judges recorded A/A runs (:func:`load_runs`' format) as the module says, each judgment at the level the gate
+    gives it where all the study's combinations are judged at once (``benchgate.judgment_alpha``).
 
     Raises:
         InvalidValue: fewer than 2 runs, or a round series shorter than one window (``2 x max_rounds`` runs).
@@ -234,10 +260,13 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
     rng = random.Random(seed)
     combos: dict = {}
     labels = sorted({label for run in runs for label in run.get("pairs", {})})
+    round_labels = sorted({label for run in runs for label in run.get("rounds", {})} - set(labels))
+    alpha = judgment_alpha(len(labels) + len(round_labels), family_alpha)
     for label in labels:
         recorded = [run["pairs"][label] for run in runs if label in run.get("pairs", {})]
         series = [(_side(label, r, "base"), _side(label, r, "head"),
-                   replace(pairs_rule(factor), first=min_pairs, every=batch, per_process=int(r.get("per_process", 0))))
+                   replace(pairs_rule(factor, alpha=alpha), first=min_pairs, every=batch,
+                           per_process=int(r.get("per_process", 0))))
                   for r in recorded]
         real, res = _Tally(), _Tally()
         for base, head, rule in series:
@@ -247,7 +276,6 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
             picked = _blocks(len(base), rng, rule.per_process)
             _judge(rule, [base[i] for i in picked], [head[i] for i in picked], res)
         combos[label] = {"kind": "pairs", "real": real, "resampled": res}
-    round_labels = sorted({label for run in runs for label in run.get("rounds", {})} - set(labels))
     for label in round_labels:
         values = [_round(label, run["rounds"][label]) for run in runs if label in run.get("rounds", {})]
         values = [m for m in values if m.ok]
@@ -256,7 +284,7 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
             raise InvalidValue(f"{label}: {len(values)} runs; a window of {max_rounds}+{max_rounds} rounds needs at "
                                f"least {width}")
         real, res = _Tally(), _Tally()
-        rule = rounds_rule(factor, first=rounds)
+        rule = rounds_rule(factor, first=rounds, alpha=alpha, max_rounds=max_rounds)
         for start in range(0, len(values) - width + 1, width):  # windows that share no run
             window = values[start:start + width]
             _judge(rule, window[0::2], window[1::2], real)
@@ -264,7 +292,7 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
             window = [values[rng.randrange(len(values))] for _ in range(width)]
             _judge(rule, window[0::2], window[1::2], res)
         combos[label] = {"kind": "rounds", "real": real, "resampled": res}
-    return Study(len(runs), combos)
+    return Study(len(runs), combos, alpha, family_alpha)
 
 
 def _blocks(length: int, rng: random.Random, per_process: int = 0) -> list[int]:

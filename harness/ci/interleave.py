@@ -329,16 +329,18 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
     return ""
 
 
-def pairs_rule(factor: float = FACTOR, see: bool = True, alpha: float = ALPHA) -> Stopping:
+def pairs_rule(factor: float = FACTOR, see: bool = True, alpha: float = ALPHA, looks: int = 0) -> Stopping:
     """The gate's rule for interleaved pairs: a first look at ``MIN_PAIRS``, then every ``BATCH``, each process
     pair's ``PER_PROCESS`` pairs one value judged; with ``see`` (the gate), a pass also goes on until it could see
     ``benchgate.sees``."""
-    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS, alpha=alpha)
+    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS, alpha=alpha, looks=looks)
 
 
-def rounds_rule(factor: float = FACTOR, first: int = 2, alpha: float = ALPHA) -> Stopping:
-    """The gate's rule for asv rounds: a first look at ``first`` rounds a side (``--rounds``), then every round."""
-    return Stopping(factor, first=first, every=1, alpha=alpha)
+def rounds_rule(factor: float = FACTOR, first: int = 2, alpha: float = ALPHA,
+                max_rounds: int = MAX_ROUNDS) -> Stopping:
+    """The gate's rule for asv rounds: a first look at ``first`` rounds a side (``--rounds``), then every round up to
+    ``max_rounds``."""
+    return Stopping(factor, first=first, every=1, alpha=alpha, looks=max(1, max_rounds - first + 1))
 
 
 def timed(name: str) -> bool:
@@ -398,14 +400,14 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
             hold ``key``.
     """
     name, params = key
-    rule = pairs_rule(factor, see=see, alpha=alpha)
+    rule = pairs_rule(factor, see=see, alpha=alpha, looks=1 if no_rerun else 0)
     sampled = measure(key, unit, project.config, targets, rule, max_pairs=rule.first if no_rerun else MAX_PAIRS,
                       budget_s=budget_s, progress=progress)
     if sampled.skipped:
         return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
                    note=sampled.skipped, history=history_noise)
-    again = benchgate.judge_rounds(list(sampled.base), list(sampled.head), factor, history_noise,
-                                   "interleaved pairs", sampled.per_process, alpha)
+    again = replace(rule, per_process=sampled.per_process).judge(list(sampled.base), list(sampled.head), history_noise,
+                                                                 "interleaved pairs")
     waits = "; run-queue waits taken out" if sampled.net else ""
     said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
     return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
@@ -430,7 +432,7 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
     if base == head:
         raise InvalidValue(f"compare_rounds needs two commits; got {base[:12]} twice")
     regex = bench_regex(key)
-    rule = rounds_rule(factor, alpha=alpha)
+    rule = rounds_rule(factor, alpha=alpha, max_rounds=max_rounds)
     sides: dict[str, list[Measurement]] = {base: [], head: []}
     start = time.perf_counter()
     number = 0
@@ -447,7 +449,7 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
         number += 1
         if not rule.due(number):
             continue
-        row = benchgate.judge_rounds(sides[base], sides[head], factor, history_noise, alpha=alpha)
+        row = rule.judge(sides[base], sides[head], history_noise)
         if number >= max_rounds or rule.done(row):
             stopped = "decided" if rule.done(row) else "max rounds"
             break

@@ -168,7 +168,7 @@ def run(args) -> int:
         args.alpha = benchgate.judgment_alpha(judged, args.family_alpha)
         print(f"harness bench-compare: {judged} combination(s) to judge: each at alpha {args.alpha:.3g} "
               f"(--family-alpha {args.family_alpha:g} over them all)", file=sys.stderr, flush=True)
-        rows = benchgate.judge_all(rounds, args.factor, history, args.alpha)
+        rows = benchgate.judge_all(rounds, args.factor, history, _rounds_rule(args).alpha_at(args.rounds))
         rows, in_pairs = _interleave(args, project, base, head, rows, history)
         rows = benchgate.conclude(_more_rounds(args, rounds, rows, history, measure, in_pairs), args.factor)
     except InvalidValue as err:  # harness' diagnosis of the measurements (anything else is a bug: main says so)
@@ -249,10 +249,8 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set
     ``--max-rounds``."""
     import re
 
-    from harness.ci import benchgate, interleave
 
-    alpha = getattr(args, "alpha", benchgate.ALPHA)
-    rule = interleave.rounds_rule(args.factor, first=args.rounds, alpha=alpha)
+    rule = _rounds_rule(args)
     while not args.no_rerun:
         undecided = [row for row in rows if not rule.done(row)
                      and len(rounds.base.get((row.name, row.params), [])) < args.max_rounds
@@ -265,11 +263,17 @@ def _more_rounds(args, rounds, rows: list, history: dict, measure, in_pairs: set
         # asv matches a parametrized benchmark's regex against ``name(params)``: one regex per combination
         measure(sorted({"^" + re.escape(f"{name}({params})" if params else name) + "$" for name, params in keys}),
                 keys)
-        rows = [_again(row, benchgate.judge_rounds(rounds.base.get((row.name, row.params), []),
-                                                   rounds.head.get((row.name, row.params), []), args.factor,
-                                                   history.get((row.name, row.params)), alpha=alpha))
-                if (row.name, row.params) in keys else row for row in rows]
+        rows = [_again(row, rule.judge(rounds.base.get(key, []), rounds.head.get(key, []), history.get(key)))
+                if key in keys else row for row, key in ((row, (row.name, row.params)) for row in rows)]
     return rows
+
+
+def _rounds_rule(args):
+    """The gate's stopping rule for asv rounds, as the arguments set it (one look with ``--no-rerun``)."""
+    from harness.ci import benchgate, interleave
+
+    return interleave.rounds_rule(args.factor, first=args.rounds, alpha=getattr(args, "alpha", benchgate.ALPHA),
+                                  max_rounds=args.rounds if args.no_rerun else args.max_rounds)
 
 
 def _again(before, after):
@@ -309,7 +313,8 @@ def _aa_series(args, project, base: str, head: str) -> int:
             print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
             return EXIT_NO_VERDICT
     try:
-        found = aaseries.study(runs, args.factor, args.rounds, args.max_rounds, resampled=args.resampled)
+        found = aaseries.study(runs, args.factor, args.rounds, args.max_rounds, resampled=args.resampled,
+                               family_alpha=args.family_alpha)
     except InvalidValue as err:
         print(f"harness bench-compare: error: {err} (no verdict)", file=sys.stderr)
         return EXIT_NO_VERDICT

@@ -66,7 +66,8 @@ def test_runs_of_process_pairs_are_judged_and_resampled_by_process_pair():
     assert by_process.total("real").alarms.value <= 0.02, by_process.text()  # none of 100 here
     # 4.0% against 10.7%: resampling one run centres on that run's own offsets ("for these runs")
     assert by_process.total("resampled").alarms.value < as_pairs.total("resampled").alarms.value / 2
-    assert by_process.total("real").caught[1.10].value > 0.9  # and a 10% change is still caught
+    # and a 10% change is still caught (88 of 100: the first look's lower bound at half of alpha, Stopping.alpha_at)
+    assert by_process.total("real").caught[1.10].value > 0.8
     picked = aaseries._blocks(45, random.Random(0), 10)  # each ten from one process pair, the last one short
     assert len(picked) == 45 and all(len({i // 10 for i in picked[k:k + 10]}) == 1 for k in range(0, 40, 10))
 
@@ -120,13 +121,14 @@ def test_the_study_stops_where_the_gate_does():
 
 
 def test_noisy_pairs_resolve_less_and_say_so():
-    # 15% spread a pair, 120 pairs: 3% is beyond what they resolve (caught rarely); detects says about 6-8%.
+    # 15% spread a pair, 120 pairs: 3% is beyond what they resolve (caught rarely); detects says about 14% (alpha
+    # spent over the looks: its first look's bound at half of it).
     rng = random.Random(2)
     found = aaseries.study([_pairs_run(rng, spread=0.15) for _ in range(5)], resampled=300)
     res = found.combos["b.time_work"]["resampled"]
     assert res.caught[1.03].value < 0.6 and res.alarms.value <= 0.02
     detects = found.to_json()["combinations"]["b.time_work"]["resampled"]["detects_median"]
-    assert 0.05 < detects < 0.12
+    assert 0.05 < detects < 0.16
 
 
 def test_rounds_are_judged_in_windows_that_share_no_run():
@@ -181,3 +183,18 @@ def test_the_cli_studies_saved_runs_and_names_a_bad_option(tmp_path, capsys):
     assert main(["bench-compare", "x", "y", "--from-runs", str(path), "--aa-series", "3"]) == 2
     (tmp_path / "biased.jsonl").write_text("".join(json.dumps(_pairs_run(rng, bias=1.04)) + "\n" for _ in range(3)))
     assert main(["bench-compare", "x", "y", "--from-runs", str(tmp_path / "biased.jsonl"), "--resampled", "50"]) == 1
+
+
+def test_a_pull_request_of_many_noisy_combinations_raises_at_most_its_family_s_false_alarms():
+    # 20 track_ combinations whose rounds spread by 10% (beyond the 3% factor), judged by the gate's rounds rule (a
+    # look at 2 rounds a side, then every round to 6) in 100 pull requests of one commit against itself. Each
+    # judgment at --family-alpha 0.05 / 20, spent over its looks: at most 5% of the pull requests say worse. Looking
+    # five times at one bound at the judgment's level said worse in 12% of them (2.4 times the level a judgment).
+    rng = random.Random(11)
+    runs = [{"pairs": {}, "rounds": {f"b.track_r{c}": {"unit": "samples/s", "value": 1000 * (1 + 0.1 * rng.gauss(0, 1))}
+                                     for c in range(20)}} for _ in range(12 * 100)]
+    found = aaseries.study(runs, resampled=0, family_alpha=0.05)
+    assert found.alpha == 0.05 / 20 and found.per_pull_request().n == 100
+    assert found.per_pull_request().value <= 0.05, found.text()
+    assert found.total("real").alarms.value <= 0.05 / 20, found.text()
+    assert "per pull request, its 20 combination(s) judged at once" in found.text()

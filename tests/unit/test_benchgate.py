@@ -116,7 +116,7 @@ def test_t_quantiles_match_scipy():
 
 
 def test_many_combinations_judged_at_once_share_the_family_s_false_alarms():
-    # Bonferroni: up to 5 combinations each keeps 1%; 40 share 5%, each at 0.125%: wider bounds, the same estimate.
+    # Bonferroni: up to 5 combinations each keeps 1%; 40 share 5%, each at 0.125%: a lower bound further down.
     assert benchgate.judgment_alpha(1) == benchgate.judgment_alpha(5) == benchgate.ALPHA
     assert benchgate.judgment_alpha(40) == pytest.approx(0.05 / 40)
     assert benchgate.judgment_alpha(40, family=0.2) == pytest.approx(0.005)
@@ -124,10 +124,12 @@ def test_many_combinations_judged_at_once_share_the_family_s_false_alarms():
         benchgate.judgment_alpha(3, family=1.5)
     values = [0.3 * k / 9 - 0.15 for k in range(10)]  # noisy: the bounds, not the factor, set what is seen
     one, many = paired(values), paired(values, benchgate.judgment_alpha(40))
-    assert one.estimate == many.estimate and many.low < one.low < one.high < many.high
+    # only what it takes to say worse: a pass is settled, and better said, by the upper bound at 99% still
+    assert one.estimate == many.estimate and many.low < one.low < one.high == many.high
     assert many.alpha == 0.05 / 40 and many.detectable(1.03) > one.detectable(1.03)
     median = paired([0.01 * k for k in range(-20, 41)], 0.05 / 40)
     assert median.method == "median" and median.low < paired([0.01 * k for k in range(-20, 41)]).low
+    assert median.high == paired([0.01 * k for k in range(-20, 41)]).high
 
 
 def _log_pairs(rng, n: int, change: float, spread: float) -> list[float]:
