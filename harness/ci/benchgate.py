@@ -445,10 +445,13 @@ def _short_of(pairs: Paired, factor: float) -> str:
 class Stopping:
     """The gate's one sequential rule, shared by interleaved pairs (``harness.ci.interleave``), asv rounds (the same
     module and ``harness bench-compare``'s further rounds) and the A/A study that measures it
-    (``harness.ci.aaseries``): look at the bounds once ``first`` values a side are in and every ``every`` after
-    (:meth:`due`); stop at a look where they are settled (:meth:`settles`: :func:`settled` on :func:`paired` of
-    :func:`judged_values` with ``per_process``: the bounds exclude ``factor`` and, with ``see``, a pass could also
-    see :func:`sees`). A judgment still not settled when measuring ends is :func:`conclude`'s inconclusive.
+    (``harness.ci.aaseries``): look at the bounds once ``first`` values a side are in, then each time another
+    ``growth - 1`` of them (rounded up to a multiple of ``every``, at least ``every``) is in (:meth:`due`: 40, 60,
+    100, 160, 240, 360, ... pairs for the gate's pairs; every round for rounds); stop at a look where they are
+    settled (:meth:`settles`: :func:`settled` on :func:`paired` of :func:`judged_values` with ``per_process``: the
+    bounds exclude ``factor`` and, with ``see``, a pass could also see :func:`sees`), each look's lower bound at its
+    share of ``alpha`` (:meth:`alpha_at`). A judgment still not settled when measuring ends is :func:`conclude`'s
+    inconclusive.
 
     Raises:
         InvalidValue: ``factor`` not above 1, ``first`` below 2, ``every`` below 1, or ``per_process`` negative or 1.
@@ -460,34 +463,48 @@ class Stopping:
     see: bool = False
     per_process: int = 0
     alpha: float = ALPHA  # the judgment's false alarms, over all its looks (judgment_alpha: its share of a family's)
-    looks: int = 0  # the most looks measuring can take (rounds: up to --max-rounds), 0 where no end is known
+    most: int = 0  # the most values a side measuring takes (--max-rounds, interleave.MAX_PAIRS); 0: no end known
+    growth: float = 1.0  # how far apart the looks are: each at least this many times the last (1: every ``every``)
 
     def __post_init__(self) -> None:
         _check_factor(self.factor)
         if not 0 < self.alpha < 0.5:
             raise InvalidValue(f"a stopping rule's alpha must be in (0, 0.5); got alpha={self.alpha!r}")
         check_per_process(self.per_process)
-        if self.looks < 0:
-            raise InvalidValue(f"a stopping rule's looks must be 0 (no end known) or more; got looks={self.looks}")
+        if self.most < 0:
+            raise InvalidValue(f"a stopping rule's most values must be 0 (no end known) or more; got most={self.most}")
+        if not self.growth >= 1:
+            raise InvalidValue(f"a stopping rule's looks cannot come closer: growth must be >= 1; got {self.growth!r}")
         if self.first < 2 or self.every < 1:
             raise InvalidValue(f"a stopping rule looks from 2 values on, every 1 or more; got first={self.first}, "
                                f"every={self.every}")
 
+    def look(self, n: int) -> tuple[int, int]:
+        """The first look at ``n`` values a side or more: its number (1 the first) and its size."""
+        k, size = 1, self.first
+        while size < n:
+            k, size = k + 1, size + max(self.every, math.ceil(size * (self.growth - 1) / self.every) * self.every)
+        return k, size
+
     def due(self, n: int) -> bool:
         """Whether a look at the bounds is due once ``n`` values a side are in."""
-        return n >= self.first and (n - self.first) % self.every == 0
+        return n >= self.first and self.look(n)[1] == n
+
+    @property
+    def looks(self) -> int:
+        """How many looks measuring can take: up to ``most`` values a side (0 where no end is known)."""
+        return self.look(self.most)[0] if self.most else 0
 
     def alpha_at(self, n: int) -> float:
-        """The level of the lower bound (what a *worse* verdict must clear) at ``n`` values a side: ``alpha`` spent
-        over the looks, ``alpha / (k (k + 1))`` at the k-th (a half at the first, a sixth at the second, ...) and,
-        where the last look is known (``looks`` L), all that is left, ``alpha / L``, at it; a stop between two looks
-        (a budget spent) takes the next one's. Looking again and again at one bound at ``alpha`` would say worse of
-        one commit against itself more often: an A/A of 40 noisy combinations in rounds (2 to 6 a side) measured
-        2.4% false alarms a judgment at alpha 1%, 1.1% with one look (docs/regressions.md); the shares sum to
-        ``alpha`` whatever the looks see."""
-        k = 1 + max(0, -(-(n - self.first) // self.every))
-        if self.looks and k >= self.looks:
+        """The level of the lower bound (what a *worse* verdict must clear) at ``n`` values a side: ``alpha`` split
+        among the looks, ``alpha / L`` at each of the L that measuring up to ``most`` can take (Bonferroni over the
+        looks); where no end is known, ``alpha / (k (k + 1))`` at the k-th (a half, a sixth, ...: the shares sum to
+        ``alpha``). Looking again and again at one bound at ``alpha`` says worse of one commit against itself more
+        often: an A/A of 40 noisy combinations in rounds (2 to 6 a side) measured 2.4% false alarms a judgment at
+        alpha 1%, 1.1% with one look (docs/regressions.md)."""
+        if self.most:
             return self.alpha / self.looks
+        k = self.look(n)[0]
         return self.alpha / (k * (k + 1))
 
     def settles(self, log_ratios: Sequence[float]) -> bool:
@@ -514,7 +531,7 @@ class Stopping:
         """How many of a recorded series' pairs the rule takes: the first look where they settle, else all."""
         size = min(self.first, len(log_ratios))
         while size < len(log_ratios) and not self.settles(log_ratios[:size]):
-            size = min(len(log_ratios), size + self.every)
+            size = min(len(log_ratios), self.look(size + 1)[1])
         return size
 
     def done(self, row: Row) -> bool:

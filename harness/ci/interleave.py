@@ -90,6 +90,10 @@ WORKER = Path(__file__).with_name("pairworker.py")
 MIN_PAIRS = 40
 BATCH = 20  # pairs between two looks at the bounds
 MAX_PAIRS = 2000
+# Each look at least this many times the pairs of the last (40, 60, 100, 160, 240, 360, 540, 820, 1240, 1860): the
+# judgment's false alarms are split among its looks (benchgate.Stopping.alpha_at), 10 up to MAX_PAIRS where looks
+# every BATCH pairs would be 99, each at a hundredth of the level.
+GROWTH = 1.5
 BUDGET_S = 60.0  # seconds of sampling per benchmark combination, the first process pair's set-up not counted
 # Pairs a process pair takes before both are replaced: even (as many base-first as head-first), and dividing
 # MIN_PAIRS and BATCH, so that every look at the bounds sees whole process pairs. The busy loop's noise (between
@@ -329,18 +333,19 @@ def _sample(workers: list[_Worker], name: str, params: str, unit: str, number: i
     return ""
 
 
-def pairs_rule(factor: float = FACTOR, see: bool = True, alpha: float = ALPHA, looks: int = 0) -> Stopping:
-    """The gate's rule for interleaved pairs: a first look at ``MIN_PAIRS``, then every ``BATCH``, each process
-    pair's ``PER_PROCESS`` pairs one value judged; with ``see`` (the gate), a pass also goes on until it could see
-    ``benchgate.sees``."""
-    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS, alpha=alpha, looks=looks)
+def pairs_rule(factor: float = FACTOR, see: bool = True, alpha: float = ALPHA, most: int = MAX_PAIRS) -> Stopping:
+    """The gate's rule for interleaved pairs: a first look at ``MIN_PAIRS``, then each ``GROWTH`` times the last (in
+    ``BATCH``es) up to ``most`` pairs, each process pair's ``PER_PROCESS`` pairs one value judged; with ``see`` (the
+    gate), a pass also goes on until it could see ``benchgate.sees``."""
+    return Stopping(factor, first=MIN_PAIRS, every=BATCH, see=see, per_process=PER_PROCESS, alpha=alpha, most=most,
+                    growth=GROWTH)
 
 
 def rounds_rule(factor: float = FACTOR, first: int = 2, alpha: float = ALPHA,
                 max_rounds: int = MAX_ROUNDS) -> Stopping:
     """The gate's rule for asv rounds: a first look at ``first`` rounds a side (``--rounds``), then every round up to
     ``max_rounds``."""
-    return Stopping(factor, first=first, every=1, alpha=alpha, looks=max(1, max_rounds - first + 1))
+    return Stopping(factor, first=first, every=1, alpha=alpha, most=max(first, max_rounds))
 
 
 def timed(name: str) -> bool:
@@ -400,9 +405,9 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
             hold ``key``.
     """
     name, params = key
-    rule = pairs_rule(factor, see=see, alpha=alpha, looks=1 if no_rerun else 0)
-    sampled = measure(key, unit, project.config, targets, rule, max_pairs=rule.first if no_rerun else MAX_PAIRS,
-                      budget_s=budget_s, progress=progress)
+    rule = pairs_rule(factor, see=see, alpha=alpha, most=MIN_PAIRS if no_rerun else MAX_PAIRS)
+    sampled = measure(key, unit, project.config, targets, rule, max_pairs=rule.most, budget_s=budget_s,
+                      progress=progress)
     if sampled.skipped:
         return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
                    note=sampled.skipped, history=history_noise)
