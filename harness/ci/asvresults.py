@@ -60,8 +60,11 @@ def load_config(config_path: Path | str):
     return conf, Benchmarks.load(conf)
 
 
-def read_commit(config_path: Path | str, machine: str, commit: str) -> dict[Key, Measurement]:
-    """Every benchmark combination asv saved for ``commit`` on ``machine``.
+def read_commit(config_path: Path | str, machine: str, commit: str,
+                since: float | None = None) -> dict[Key, Measurement]:
+    """Every benchmark combination asv saved for ``commit`` on ``machine``; with ``since`` (seconds since the epoch,
+    ``time.time()`` before the run), only those asv started at or after it: asv keeps a commit's earlier results of
+    benchmarks a later ``--bench`` run did not select, and a verdict on them would judge what was not measured now.
 
     Several environments may hold results for one commit (an existing-mode and a virtualenv run): per
     benchmark, the one asv ran last wins.
@@ -75,12 +78,13 @@ def read_commit(config_path: Path | str, machine: str, commit: str) -> dict[Key,
     found = list(iter_results_for_machine_and_hash(conf.results_dir, machine, commit))
     if not found:
         raise InvalidValue(f"no asv results for commit {commit[:12]} on machine {machine!r} in {conf.results_dir}")
-    return {(m.name, m.params): m for m in _measurements(found, benchmarks)}
+    return {(m.name, m.params): m for m in _measurements(found, benchmarks, since)}
 
 
-def _measurements(results, benchmarks) -> Iterator[Measurement]:
+def _measurements(results, benchmarks, since: float | None = None) -> Iterator[Measurement]:
     for name, bench in sorted(benchmarks.items()):
-        having = [r for r in results if name in r.get_result_keys(benchmarks)]
+        having = [r for r in results if name in r.get_result_keys(benchmarks)
+                  and (since is None or (r.started_at.get(name) or 0) >= 1000 * since - 1)]  # asv: milliseconds
         for result in sorted(having, key=lambda r: r.started_at.get(name) or 0, reverse=True)[:1]:
             params = bench["params"]
             values = result.get_result_value(name, params)

@@ -443,9 +443,10 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
     number = 0
     while True:
         for commit in (base, head) if number % 2 == 0 else (head, base):  # AB, BA, AB, ...
+            started = time.time()
             project.run_commit(commit, [regex])
             try:
-                found = asvresults.read_commit(project.config, project.machine, commit).get(key)
+                found = asvresults.read_commit(project.config, project.machine, commit, since=started).get(key)
             except ValueError as err:
                 raise Failed(f"asv saved no results for {commit[:12]}: {err}") from None
             if found is None:

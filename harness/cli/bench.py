@@ -57,6 +57,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -156,8 +157,9 @@ def run(args) -> int:
             max(len(rounds.base.get(key, [])) for key in only)
         sides = [("base", base), ("head", head)]
         for side, commit in sides if number % 2 == 0 else sides[::-1]:  # AB, BA, AB, ...: drift favours no side
+            started = time.time()
             project.run_commit(commit, bench)
-            rounds.add(side, asvresults.read_commit(config, machine, commit), only)
+            rounds.add(side, asvresults.read_commit(config, machine, commit, since=started), only)
 
     try:
         for number in range(args.rounds):
@@ -352,8 +354,9 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
             # else every run (the rounds are the study's runs)
             ok = [key for key, m in measured.items() if m.ok]
             if not ok or not pairs or not all(_timed(name) for name, _ in ok):
+                started = time.time()
                 project.run_commit(commit, args.bench or [])
-                measured = asvresults.read_commit(project.config, project.machine, commit)
+                measured = asvresults.read_commit(project.config, project.machine, commit, since=started)
             run: dict = {"run": number, "commit": commit, "pairs": {}, "rounds": {}}
             timed = [key for key, m in measured.items() if m.ok and pairs and _timed(key[0])]
             for key, m in measured.items():

@@ -168,7 +168,7 @@ def _rounds(monkeypatch, project: _Project, change: Change, ratio: float, spread
     """asv's saved results, as ``read_commit`` would read them after each run: head ``ratio`` times worse."""
     rng = random.Random(4)
 
-    def read_commit(config, machine, commit):
+    def read_commit(config, machine, commit, since=None):
         worse = ratio if commit == change.first_bad else 1.0
         value = 1000.0 / worse if change.higher_is_better else 0.02 * worse
         value *= math.exp(rng.gauss(0, spread))

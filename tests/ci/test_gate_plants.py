@@ -94,8 +94,8 @@ def _record(entry):
         out.write(json.dumps(entry) + "\\n")
 
 
-def read_commit(config, machine, commit):
-    found = _read(config, machine, commit)
+def read_commit(config, machine, commit, since=None):
+    found = _read(config, machine, commit, since)
     _record({"commit": commit, "found": [[m.name, m.params, m.unit, m.value, m.samples, m.stats]
                                          for m in found.values()]})
     return found
@@ -182,7 +182,7 @@ class Replay:
         call, self._next = self.calls[self._next], self._next + 1
         reads, broken = list(call.reads), []
 
-        def read_commit(config, machine, commit):
+        def read_commit(config, machine, commit, since=None):
             if not reads or reads[0][0] != commit:
                 broken.append(f"the gate asked for {commit[:12]}'s results, the real gate read "
                               f"{reads[0][0][:12] if reads else 'nothing more'}")

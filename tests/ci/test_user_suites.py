@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -138,11 +139,15 @@ def test_every_suite_of_a_project_records_a_figure(project):
     done = _run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "t"], repo, 60)
     assert done.returncode == 0, done.stdout + done.stderr
     bench = [arg for regex in SELECTION for arg in ("--bench", regex)]
+    started = time.time()
     done = _run([sys.executable, "-m", "asv", "run", "--quick", "--python=same", "--set-commit-hash", head,
                  "--machine", "t", "--show-stderr", *bench], repo, TIMEOUT)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-6000:]
     saved = read_commit(repo / "asv.conf.json", "t", head)
+    # what this run measured, and nothing asv started before it (the gate reads a run's results so)
+    assert read_commit(repo / "asv.conf.json", "t", head, since=started).keys() == saved.keys()
+    assert read_commit(repo / "asv.conf.json", "t", head, since=time.time() + 60) == {}
     value = {key: m.value for key, m in saved.items()}
     unit = {name: m.unit for (name, _), m in saved.items()}
     figures = {key: v for key, v in value.items() if isinstance(v, (int, float)) and math.isfinite(v)}

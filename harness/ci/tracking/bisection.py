@@ -38,6 +38,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -313,8 +314,9 @@ def _bisect_existing(project: AsvProject, target: Target, commits: tuple[str, ..
                      log: Callable[[str], None] | None) -> Report:
     bound = run_bound(len(commits))
     how = PAIRS if interleave.pairable(project, target.name) and not target.higher_is_better else ROUNDS
+    started = time.time()
     project.run_commit(commits[0], bench=[target.regex])  # GOOD's value, and that it runs at all
-    value, _ = _read(project, commits[0], target)
+    value, _ = _read(project, commits[0], target, started)
     report = replace(_reference(project, target, commits, factor, value, None, "existing", bound), method=how)
     say(report, report.probes[0])
     if report.error:
@@ -379,6 +381,7 @@ def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[st
     # asv's range excludes its start: ``BAD --not GOOD^@`` keeps GOOD in it, so asv can name GOOD's child.
     argv = ["find", "--machine", project.machine, "--show-stderr", *(["--invert"] if target.higher_is_better else []),
             f"{commits[-1]} --not {commits[0]}^@", target.regex]
+    started = time.time()
     code, lines = _asv_streamed(project, argv)
     if code != 0:
         raise Failed(f"asv find failed with exit status {code}")
@@ -387,7 +390,7 @@ def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[st
         if commits[index] not in ran:
             project.run_commit(commits[index], bench=[target.regex])
             ran.append(commits[index])
-    value, samples = _read(project, commits[0], target)
+    value, samples = _read(project, commits[0], target, started)
     report = _reference(project, target, commits, factor, value, samples, "virtualenv", None)
     report = replace(report, notes=(f"virtualenv mode: one asv run a commit, judged against GOOD's by "
                                     f"{report.threshold:.2f}x; runs minutes apart drift by a few percent, so a "
@@ -395,7 +398,7 @@ def _bisect_with_asv_find(project: AsvProject, target: Target, commits: tuple[st
                                     f"interleaved pairs, or asv rounds, by the gate's rule)",))
     for commit in ran:
         if commit != commits[0]:
-            probe = _judge(project, report, commits.index(commit), *_read(project, commit, target))
+            probe = _judge(project, report, commits.index(commit), *_read(project, commit, target, started))
             report = replace(report, probes=(*report.probes, probe))
     for probe in report.probes:
         say(report, probe)
@@ -467,10 +470,12 @@ def _ok(value: float | None) -> bool:
     return value is not None and not asvresults.is_skipped(value)
 
 
-def _read(project: AsvProject, commit: str, target: Target) -> tuple[float | None, tuple[float, ...] | None]:
-    """``target``'s value and samples on ``commit``, from the result asv saved last for it on the machine."""
+def _read(project: AsvProject, commit: str, target: Target,
+          since: float | None = None) -> tuple[float | None, tuple[float, ...] | None]:
+    """``target``'s value and samples on ``commit``, from the result asv saved last for it on the machine (since
+    ``since``, ``time.time()`` before the run: none where asv did not run it then)."""
     try:
-        found = asvresults.read_commit(project.config, project.machine, commit).get(target.key)
+        found = asvresults.read_commit(project.config, project.machine, commit, since).get(target.key)
     except ValueError:  # no results at all for the commit
         return None, None
     return (None, None) if found is None else (found.value, found.samples)
