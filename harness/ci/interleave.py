@@ -135,9 +135,11 @@ class _Worker:
                                         text=True, cwd=cwd, env=env)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.process.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        self._hung = False
 
     def answer(self, timeout: float) -> dict:
         if not self._selector.select(timeout):
+            self._hung = True  # no teardown to wait for: close() kills it
             raise Failed(f"the {self.label} side's benchmark process did not answer within {timeout:g} s")
         line = self.process.stdout.readline()  # type: ignore[union-attr]
         if not line:
@@ -159,7 +161,10 @@ class _Worker:
 
     def close(self) -> None:
         try:
-            if self.process.poll() is None:
+            if self._hung:  # a hung benchmark gets no teardown: killed at once, not after 3 s
+                self.process.kill()
+                self.process.wait()
+            elif self.process.poll() is None:
                 self.process.stdin.write(json.dumps({"stop": True}) + "\n")  # type: ignore[union-attr]
                 self.process.stdin.close()  # type: ignore[union-attr]
                 self.process.wait(timeout=3)

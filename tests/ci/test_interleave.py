@@ -22,6 +22,9 @@ _BENCH = textwrap.dedent('''
     from pathlib import Path
 
 
+    STARTED = []
+
+
     class Logged:
         number = 1
         warmup_time = 0
@@ -29,7 +32,8 @@ _BENCH = textwrap.dedent('''
         def setup(self):
             self.side = Path(os.environ["PYTHONPATH"]).name  # the folder of "the commit": base or head
             cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-            if len(cpus) > 1:  # each side starts on a CPU of its own, as the system may keep them: the pairs must not
+            if len(cpus) > 1 and not STARTED:  # each side starts on a CPU of its own, as the system may keep them:
+                STARTED.append(True)  # (once a process: asv runs setup again before each sample) the pairs must not
                 os.sched_setaffinity(0, {cpus[self.side == "head"]})
                 end = time.perf_counter() + 0.05
                 while time.perf_counter() < end:
@@ -224,7 +228,7 @@ def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(su
     # The second sample of each pair on the CPU the first ran on (where there are two CPUs to pin to)
     if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1:
         pinned = [(calls[2 * i][1], calls[2 * i + 1][1]) for i in range(40)]
-        # Unpinned, none of 40 matched here (each side kept the CPU it started on); pinned, 40 of 40 idle and 39
+        # Unpinned, 4 to 24 of 40 matched here (each side tends to keep the CPU it started on); pinned, 40 of 40 and 39
         # beside other tests (the first side can move between its sample and the driver reading where it ran).
         assert sum(a == b for a, b in pinned) >= 36, pinned
 
