@@ -105,8 +105,12 @@ def _net_clock() -> _NetClock | None:
     return _NetClock(path)
 
 
-def _timeit(timer, net: _NetClock | None, number: int) -> float:
-    """One sample of ``number`` calls, the net clock (where it times them) marked first."""
+def _timeit(bench, timer, net: _NetClock | None, number: int) -> float:
+    """``number`` calls timed as asv times a sample: its setup not run again first (asv clears
+    ``_redo_setup_next`` before each sample; left set, ``redo_setup`` tears the benchmark down and sets it up again
+    before every sample: a model built, or a hog started, once a sample), the net clock (where it times them)
+    marked first."""
+    bench._redo_setup_next = False
     if net is not None:
         net.mark()
     return timer.timeit(number)
@@ -151,17 +155,18 @@ def main(argv: list[str]) -> int:
             try:
                 if "calibrate" in command:
                     number = 1
-                    while _timeit(timer, net, number) < bench.sample_time and number < 10**7:
+                    while _timeit(bench, timer, net, number) < bench.sample_time and number < 10**7:
                         number *= 2
                     _answer(out, number=number)
                 elif "sample" in command:
                     number = int(command["sample"])
-                    timer.timeit(1)  # untimed: the caches this side's last sample left, the other side has since used
-                    _answer(out, seconds=_timeit(timer, net, number) / number)
+                    _timeit(bench, timer, None, 1)  # untimed: the caches this side's last sample left, the other
+                    # side has since used
+                    _answer(out, seconds=_timeit(bench, timer, net, number) / number)
                 elif "warm" in command:
                     end = time.perf_counter() + float(command["warm"])
                     while time.perf_counter() < end:
-                        timer.timeit(1)
+                        _timeit(bench, timer, None, 1)
                     _answer(out, warm=True)
                 else:
                     _answer(out, error=f"unknown command {command!r}")
