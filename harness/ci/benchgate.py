@@ -293,6 +293,7 @@ class Row:
     detects: float | None = None  # the change caught with probability POWER (0.05: 5%)
     history: Noise | None = None  # main's night-to-night noise (--history): shown, never used to judge
     pairs: Paired | None = None
+    seconds: float | None = None  # what measuring the pairs took, counted against their budget
 
     @property
     def detectable(self) -> float | None:
@@ -306,7 +307,7 @@ class Row:
                 "noise": None if self.noise is None else self.noise.value,
                 "noise_source": None if self.noise is None else self.noise.source, "rounds": list(self.rounds),
                 "history_noise": None if self.history is None else self.history.value,
-                "pairs": None if self.pairs is None else self.pairs.n, "note": self.note}
+                "pairs": None if self.pairs is None else self.pairs.n, "seconds": self.seconds, "note": self.note}
 
 
 @dataclass
@@ -424,20 +425,28 @@ def conclude(rows: Sequence[Row], factor: float = FACTOR) -> list[Row]:
     concluded = []
     for row in rows:
         if row.verdict is Verdict.SAME and row.pairs is not None and not decided(row, factor):
-            row = replace(row, verdict=Verdict.INCONCLUSIVE, note=_short_of(row.pairs, factor) +
+            row = replace(row, verdict=Verdict.INCONCLUSIVE, note=_short_of(row.pairs, factor, row.seconds) +
                           (f"; {row.note}" if row.note else ""))
         concluded.append(row)
     return concluded
 
 
-def _short_of(pairs: Paired, factor: float) -> str:
+def _short_of(pairs: Paired, factor: float, seconds: float | None = None) -> str:
     """Why ``pairs`` are inconclusive, and roughly how many values would settle them (the bound's margin shrinking
-    as one over the square root of their number, the estimate staying where it is)."""
+    as one over the square root of their number, the estimate staying where it is): the upper bound below the
+    factor where the estimate is, the lower one above it where the estimate is beyond it; with ``seconds`` (what
+    measuring them took), the budget that would have taken at the same pace."""
     floor = math.log(factor)
     said = f"could not tell {factor:g}x from no change in {pairs.n} values (upper bound {math.exp(pairs.high):.3f}x)"
+    needed = None
     if pairs.estimate < floor and math.isfinite(pairs.high):
         needed = math.ceil(pairs.n * ((pairs.high - pairs.estimate) / (floor - pairs.estimate)) ** 2)
+    elif pairs.estimate > floor and math.isfinite(pairs.low):
+        needed = math.ceil(pairs.n * ((pairs.estimate - pairs.low) / (pairs.estimate - floor)) ** 2)
+    if needed is not None:
         said += f"; about {needed} would resolve it"
+        if seconds:
+            said += f" (about {seconds * needed / pairs.n:,.0f} s at this pace, against {seconds:,.0f} s spent)"
     return said
 
 

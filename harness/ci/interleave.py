@@ -119,6 +119,7 @@ class Sampled:
     skipped: str = ""  # a side's setup skipped the combination: no pairs
     per_process: int = 0  # pairs from one process pair before the next (0: all from one, as recorded before)
     net: bool = False  # timed with the run-queue waits taken out (pairworker._net_clock) on both sides
+    seconds: float = 0.0  # sampling's time counted against the budget (the first process pair's set-up not)
 
 
 class _Worker:
@@ -286,7 +287,7 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path], rule:
                 for worker in workers:
                     worker.close()
     return Sampled(tuple(base), tuple(head), number, stopped or "max pairs", per_process=per_process,
-                   net=bool(nets) and all(nets))
+                   net=bool(nets) and all(nets), seconds=0.0 if start is None else time.perf_counter() - start)
 
 
 def _look(base: list, head: list, rule: Stopping, max_pairs: int, progress) -> str:
@@ -420,7 +421,8 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
                                                                  "interleaved pairs")
     waits = "; run-queue waits taken out" if sampled.net else ""
     said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
-    return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}")
+    return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}",
+                   seconds=sampled.seconds)
 
 
 def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: float,
@@ -470,4 +472,5 @@ def compare_rounds(project: AsvProject, key: Key, base: str, head: str, factor: 
         if progress is not None:
             progress(f"{number} rounds a side, not decided yet")
     said = f"{row.note}; " if row.note else ""
-    return replace(row, note=f"{said}{number} asv rounds a side, AB/BA; stopped: {stopped}")
+    return replace(row, note=f"{said}{number} asv rounds a side, AB/BA; stopped: {stopped}",
+                   seconds=time.perf_counter() - start)

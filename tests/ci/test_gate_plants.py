@@ -105,7 +105,7 @@ def measure(key, unit, *args, **kwargs):
     done = _measure(key, unit, *args, **kwargs)
     _record({"pairs": list(key), "unit": unit, "base": [m.value for m in done.base],
              "head": [m.value for m in done.head], "number": done.number, "stopped": done.stopped,
-             "skipped": done.skipped, "per_process": done.per_process, "net": done.net})
+             "skipped": done.skipped, "per_process": done.per_process, "net": done.net, "seconds": done.seconds})
     return done
 
 
@@ -153,7 +153,8 @@ def _measurements(read: dict) -> tuple[str, object]:
         name, params = read["pairs"]
         sides = [tuple(Measurement(name, params, read["unit"], v) for v in read[side]) for side in ("base", "head")]
         return "pairs", ((name, params), interleave.Sampled(sides[0], sides[1], read["number"], read["stopped"],
-                                                            read["skipped"], read["per_process"], read["net"]))
+                                                            read["skipped"], read["per_process"], read["net"],
+                                                            read.get("seconds", 0.0)))
     found = {}
     for name, params, unit, value, samples, stats in read["found"]:
         found[name, params] = Measurement(name, params, unit, value, None if samples is None else tuple(samples),
