@@ -608,10 +608,18 @@ def fill_wheelhouse(dest: Path, entry: Entry, variant: str, repo: Path, offline:
         reqs = args["FRAMEWORK_REQUIREMENT"].split()  # space-separated: jax==X jaxlib==X
         reqs += [args["KERAS_REQUIREMENT"]] if args["KERAS_REQUIREMENT"] else []
         log(f"filling the wheelhouse {deps} for {' '.join(reqs)} keras-harness[test,bench]")
-        _pip(pip + ["wheel", "--wheel-dir", str(deps), "--find-links", str(deps), "--find-links", str(dest), *reqs,
+        # Into a fresh folder, the last fill's wheels a local source: the image installs every wheel in deps, so a
+        # version this resolution no longer picks must not stay beside the one it does (two pyproject-api wheels,
+        # 1.12.1 from an older fill and 1.12.6, failed the image's pip with ResolutionImpossible).
+        fresh = deps.parent / "deps.filling"
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir()
+        _pip(pip + ["wheel", "--wheel-dir", str(fresh), "--find-links", str(deps), "--find-links", str(dest), *reqs,
                     f"{wheel}[test,bench]"], "the wheelhouse", log)
-        for copy in deps.glob("keras_harness-*.whl"):  # pip wheel copies the local wheel too
+        for copy in fresh.glob("keras_harness-*.whl"):  # pip wheel copies the local wheel too
             copy.unlink()
+        shutil.rmtree(deps)
+        fresh.rename(deps)
     else:
         for old in deps.glob("*.whl"):
             old.unlink()

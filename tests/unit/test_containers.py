@@ -566,6 +566,34 @@ def test_an_offline_wheelhouse_of_a_jax_entry_asks_pip_for_jax_jaxlib_and_keras(
         containers.fill_wheelhouse(tmp_path / "wheelhouse", entry, "cpu", tmp_path, offline=True)
 
 
+def test_an_offline_wheelhouse_holds_only_what_this_fill_resolved(tmp_path, monkeypatch):
+    # The image installs every wheel in deps: a version an earlier fill resolved, kept beside the one this fill
+    # resolves, made its pip fail (ResolutionImpossible). This fill's pip (faked: it resolves the newer one, and
+    # finds the other wheel it needs among the last fill's) writes into a fresh folder that then replaces deps.
+    entry = {e.name: e for e in load_matrix()}["tf221"]
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    for name in ("pyproject_api-1.12.1-py3-none-any.whl", "zipp-4.1.2-py3-none-any.whl"):
+        (deps / name).write_text("old fill")
+
+    def pip(cmd, what, log):
+        if "--no-deps" in cmd:
+            (tmp_path / "wheelhouse" / "keras_harness-1.0-py3-none-any.whl").write_text("")
+            return
+        target = Path(cmd[cmd.index("--wheel-dir") + 1])
+        assert str(deps) in cmd and target != deps  # the last fill is a source, not the destination
+        (target / "pyproject_api-1.12.6-py3-none-any.whl").write_text("new")
+        (target / "zipp-4.1.2-py3-none-any.whl").write_text((deps / "zipp-4.1.2-py3-none-any.whl").read_text())
+        (target / "keras_harness-1.0-py3-none-any.whl").write_text("")
+
+    monkeypatch.setattr(containers, "_pip", pip)
+    monkeypatch.setattr(containers.sys, "version_info", SimpleNamespace(major=3, minor=11))
+    containers.fill_wheelhouse(tmp_path / "wheelhouse", entry, "cpu", tmp_path, offline=True)
+    assert sorted(p.name for p in deps.iterdir()) == ["pyproject_api-1.12.6-py3-none-any.whl",
+                                                       "zipp-4.1.2-py3-none-any.whl"]
+    assert not (tmp_path / "deps.filling").exists()
+
+
 def test_harness_docker_test_of_the_jax_entry_runs_its_tox_envs_tests_in_the_image(monkeypatch, tmp_path, sdk):
     entries = {e.name: e for e in load_matrix()}
     tag = image_tag(entries["jax011"], "cpu")
