@@ -1,12 +1,12 @@
 """Interleaved timing: a ``time_`` benchmark of two commits measured sample by sample, alternately.
 
-Why: on a shared host the speed moves in steps that last seconds (measured here: one loop at 24, 30, 35 and 39 ms
-within two minutes, docs/regressions.md). asv runs one commit at a time, so two asv runs of a 22 ms benchmark are
-seconds apart and often land on different steps: a real 5% measured 1.02-1.09x. Two processes, one per commit,
-each with its commit installed in a folder of its own (``AsvProject.install_into``) and the benchmark set up as asv
-sets it up (``harness/ci/pairworker.py``), take one sample each in turn: the two samples of a pair are tens of
-milliseconds apart, on the same step, and their ratio keeps the change while the step cancels. The order alternates
-(base first, then head first) so that a host drifting one way favours neither side.
+Why: on a shared host the speed moves in steps that last seconds (measured here: one loop at 24, 30, 35 and 39 ms within
+two minutes, docs/design.md, "The gate, measured"). asv runs one commit at a time, so two asv runs of a 22 ms benchmark
+are seconds apart and often land on different steps: a real 5% measured 1.02-1.09x. Two processes, one per commit, each
+with its commit installed in a folder of its own (``AsvProject.install_into``) and the benchmark set up as asv sets it
+up (``harness/ci/pairworker.py``), take one sample each in turn: the two samples of a pair are tens of milliseconds
+apart, on the same step, and their ratio keeps the change while the step cancels. The order alternates (base first, then
+head first) so that a host drifting one way favours neither side.
 
 The two samples of a pair also run on the same CPU. This host's two vCPUs differ in speed by up to 13% for tens of
 seconds (a loop timed on each in turn: cpu1/cpu0 0.87x to 1.13x, medians of 60 pairs), and an idle worker wakes on
@@ -25,14 +25,14 @@ A process pair takes ``PER_PROCESS`` pairs, then both processes are replaced by 
 same code differ in speed by a fixed share for their whole life: an A/A of this busy loop (one commit against
 itself) measured 0.85x to 1.06x in 16 runs of one process pair each (60 to 100 pairs a run, spread ~4% within a
 run), and neither a fixed hash seed nor address-space randomization turned off (``PYTHONHASHSEED=0 setarch -R``)
-removed it (docs/regressions.md).
+removed it (docs/design.md, "The gate, measured").
 The pairs of one process pair share that offset, so more of them never average it away: a 5% longer loop measured
 1.001x in CI, decided as no change (tests/ci/test_gate.py at 8871b78). ``benchgate.judge_rounds`` judges each
 process pair's median (``per_process``), its spread the spread between process pairs.
 
 Where the host is busy, a sample's wall time holds other processes' time, on both sides of a pair alike, which
 dilutes a change toward 1x: beside two CPU hogs the 5% longer loop's wall-time ratio was 0.5 to 1.2 points below
-the CPU-time ratio of the same samples (four runs of 400 pairs, docs/regressions.md).
+the CPU-time ratio of the same samples (four runs of 400 pairs, docs/design.md, "The gate, measured").
 So the worker times a benchmark on the default wall clock with that clock stopped while its thread waits on a run
 queue (``pairworker._net_clock``: the kernel's per-thread run-queue wait, ``/proc/.../schedstat``): sleeps, I/O
 and waits on other threads still count, the time the host gave to other processes does not; a wait that the CPU

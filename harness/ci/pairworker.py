@@ -25,7 +25,7 @@ Protocol: one JSON object a line on stdin, one answer a line on stdout (the benc
   ``{"error": traceback}``. The call first: the other side's process ran since this one's last sample, on the same
   CPU, and took the caches; asv's own samples run back to back, caches warm. Without it, the second sample of a pair
   was the cold one: a JSON round trip measured 2-5% slower second than first, and as the two orders' medians did not
-  cancel, one commit against itself came out 1.2% faster on head (docs/regressions.md);
+  cancel, one commit against itself came out 1.2% faster on head (docs/design.md, "The gate, measured");
 - ``{"stop": true}``: teardown, then exit.
 """
 

@@ -123,6 +123,9 @@ def check_passes_an_a_a_run(gate, repo: Path, commits: dict) -> None:
 
 
 @pytest.mark.extended
+@pytest.mark.slow  # 102 s of the extended step (.ci/run at e7e42d3, --durations): slow.yml's. Each CI run still judges
+# one commit against itself in test_an_a_a_series_counts_the_gates_false_alarms_and_catches_the_planted_slowdowns
+# (6 real runs and their resamplings) and an unchanged pair in test_gate_passes_an_unchanged_pair.
 def test_gate_passes_five_a_a_runs_of_one_commit(planted):
     # The same commit against itself, five times: never a regression (the gate's false alarms on
     # a shared runner; TorchBench moved its threshold from 10% to 30% for per-model noise of 5-9%).
