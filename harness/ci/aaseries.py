@@ -9,7 +9,8 @@ commits, recording everything (``--save-runs FILE``; ``--from-runs FILE`` studie
 
 :func:`study` then judges with the gate's own sequential rule, the one object the gate stops by
 (``benchgate.Stopping`` as ``interleave.pairs_rule`` and ``interleave.rounds_rule`` build it: look at the bounds
-every ``interleave.BATCH`` pairs from ``interleave.MIN_PAIRS``, or round by round from ``--rounds`` to
+every ``interleave.BATCH`` pairs from ``interleave.MIN_PAIRS``, scaled to the recorded process pairs' size
+(``Stopping.sized``), or round by round from ``--rounds`` to
 ``--max-rounds``, stop when settled), then ``benchgate.judge_rounds`` where it stopped, twice over:
 
 - **real judgments**, independent: each run's pairs from its first (what the gate would have said on that run),
@@ -265,8 +266,8 @@ def study(runs: Sequence[Mapping], factor: float = FACTOR, rounds: int = 2, max_
     for label in labels:
         recorded = [run["pairs"][label] for run in runs if label in run.get("pairs", {})]
         series = [(_side(label, r, "base"), _side(label, r, "head"),
-                   replace(pairs_rule(factor, alpha=alpha), first=min_pairs, every=batch,
-                           per_process=int(r.get("per_process", 0))))
+                   replace(pairs_rule(factor, alpha=alpha), first=min_pairs, every=batch).sized(
+                       int(r.get("per_process", 0))))
                   for r in recorded]
         real, res = _Tally(), _Tally()
         for base, head, rule in series:

@@ -516,6 +516,24 @@ class Stopping:
         k = self.look(n)[0]
         return self.alpha / (k * (k + 1))
 
+    def sized(self, per_process: int) -> Stopping:
+        """This rule, written for process pairs of ``self.per_process`` pairs, for process pairs of ``per_process``
+        (a multiple of it): its first look, the values between looks and its most values scaled alike, so that it
+        looks at the same numbers of process pairs (4, 6, 10, ... for the gate's pairs) and splits its level among
+        as many looks. ``per_process`` 0, or a rule of 0, only sets it.
+
+        Raises:
+            InvalidValue: ``per_process`` not a multiple of ``self.per_process``, or 1.
+        """
+        if not self.per_process or not per_process or per_process == self.per_process:
+            return replace(self, per_process=per_process)
+        if per_process % self.per_process:
+            raise InvalidValue(f"process pairs of {per_process} pairs are not a multiple of the rule's "
+                               f"{self.per_process}")
+        scale = per_process // self.per_process
+        return replace(self, per_process=per_process, first=self.first * scale, every=self.every * scale,
+                       most=self.most * scale)
+
     def settles(self, log_ratios: Sequence[float]) -> bool:
         """Whether pairs with these log ratios (> 0: head worse) are settled, at this look's level."""
         values = judged_values(log_ratios, self.per_process)

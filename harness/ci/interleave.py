@@ -30,6 +30,15 @@ The pairs of one process pair share that offset, so more of them never average i
 1.001x in CI, decided as no change (tests/ci/test_gate.py at 8871b78). ``benchgate.judge_rounds`` judges each
 process pair's median (``per_process``), its spread the spread between process pairs.
 
+A process pair's size follows from what it costs (:func:`process_pair_size`): as many pairs as fit in the time its
+set-up took, in tens from ``PER_PROCESS`` to ``MOST_PER_PROCESS``, and the rule scaled to look at the same numbers of
+process pairs (``Stopping.sized``). The busy loop (0.4-0.5 s to start, 75-100 ms a pair) keeps 10; a JAX model
+benchmark takes seconds to start against tens of milliseconds a pair, and its pairs are far noisier than its processes
+are off (onjax: a pair's spread 0.30, process pairs of 100 pairs 0.03-0.06 apart, docs/design.md, "The gate,
+measured"), so its process pairs take 200 pairs. Its workers share a JAX compilation cache (set-up only). Without
+``--pair-budget`` a costly benchmark gets the budget that reaches its look at
+``AUTO_BUDGET_PROCESS_PAIRS`` process pairs (:func:`auto_budget`).
+
 Where the host is busy, a sample's wall time holds other processes' time, on both sides of a pair alike, which
 dilutes a change toward 1x: beside two CPU hogs the 5% longer loop's wall-time ratio was 0.5 to 1.2 points below
 the CPU-time ratio of the same samples (four runs of 400 pairs, docs/design.md, "The gate, measured").
@@ -71,6 +80,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from harness.ci import asvresults, benchgate
@@ -80,8 +90,10 @@ from harness.ci.benchgate import ALPHA, FACTOR, Noise, Row, Stopping
 from harness.errors import Failed, InvalidValue
 
 __all__ = ["Sampled", "measure", "benchmark_id", "compare", "compare_rounds", "install_pair", "pairable", "timed",
-           "pairs_rule", "rounds_rule",
-           "bench_regex", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S", "PER_PROCESS", "MAX_ROUNDS"]
+           "pairs_rule", "rounds_rule", "process_pair_size", "auto_budget",
+           "bench_regex", "WORKER", "MIN_PAIRS", "MAX_PAIRS", "BATCH", "BUDGET_S", "PER_PROCESS", "MOST_PER_PROCESS",
+           "PACE_PAIRS", "AUTO_BUDGET_PROCESS_PAIRS", "REFUSED_PROCESS_PAIRS",
+           "MAX_ROUNDS"]
 
 WORKER = Path(__file__).with_name("pairworker.py")
 # The first look: four process pairs (PER_PROCESS each), Student's t at 3 degrees of freedom. At two, two process
@@ -100,6 +112,21 @@ BUDGET_S = 60.0  # seconds of sampling per benchmark combination, the first proc
 # process pairs ~4%, a pair ~5%, a process pair's start ~0.5 s against 25 ms a pair) puts the cheapest size for a
 # given precision near 7; 10 keeps the looks on whole process pairs.
 PER_PROCESS = 10
+# A process pair is sized from what it costs (:func:`process_pair_size`), in multiples of PER_PROCESS, at most
+# MOST_PER_PROCESS. A model benchmark's pair is far noisier than its process pair's offset: onjax's towers-even step
+# (5-7 ms, one call a sample) measured a spread of 0.30-0.35 between the pairs of one process pair, and its process
+# pairs' values spread 0.03-0.06 at 100 pairs each, about what that spread alone gives (0.04): the processes
+# themselves were hardly off (docs/design.md, "The gate, measured").
+MOST_PER_PROCESS = 200
+PACE_PAIRS = PER_PROCESS  # the first process pair's first pairs, timed to size the process pairs
+# Without --pair-budget: sampling gets at least what reaching the look at this many process pairs costs (its third:
+# 4, 6, 10), at the pace the first process pair measured, so that a costly benchmark is judged on its bounds and
+# not on a budget that could hold no look at all.
+AUTO_BUDGET_PROCESS_PAIRS = 10
+# A later process pair whose set-up skips the combination (a side judged the host too busy: benchmarks/common.py's
+# refuse_host_bound, beside the other side's set-up) is replaced, this many times at most; then sampling stops with
+# the pairs taken. A skip in the first process pair is the combination's (Sampled.skipped).
+REFUSED_PROCESS_PAIRS = 3
 MAX_ROUNDS = 6  # compare_rounds: asv runs of each commit at most (the gate's --max-rounds)
 _READY_S = 600.0  # a worker's set-up (importing TensorFlow, building a model, setup_cache)
 _SAMPLE_S = 120.0
@@ -115,11 +142,14 @@ class Sampled:
     base: tuple[Measurement, ...]
     head: tuple[Measurement, ...]
     number: int
-    stopped: str  # "decided", "max pairs", "budget"
+    stopped: str  # "decided", "max pairs", "budget", "set-up skipped N times (why)"
     skipped: str = ""  # a side's setup skipped the combination: no pairs
     per_process: int = 0  # pairs from one process pair before the next (0: all from one, as recorded before)
     net: bool = False  # timed with the run-queue waits taken out (pairworker._net_clock) on both sides
     seconds: float = 0.0  # sampling's time counted against the budget (the first process pair's set-up not)
+    set_up: float = 0.0  # seconds the first process pair took to start (both workers ready and warm)
+    pair: float = 0.0  # seconds a pair took, its two answers included (the first process pair's first pairs)
+    budget: float = 0.0  # the sampling budget that applied (seconds)
 
 
 class _Worker:
@@ -129,6 +159,11 @@ class _Worker:
     def __init__(self, label: str, benchmark_dir: Path, benchmark_id: str, target: Path, cwd: Path):
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "ASV_PYTHONPATH")}
         env["PYTHONPATH"] = str(target)
+        # JAX compiles each process's programs anew: 2.2 s of onjax's 5.6 s set-up, 0.4 s from a cache the processes
+        # share (the same programs on the same JAX give the same executables; a program that differs compiles anew).
+        # Set-up only: the samples come after the warm-up. A cache the user set is kept.
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cwd / "jax-compilation-cache"))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         self.label = label
         argv = [sys.executable, "-c", _RUN_WORKER, str(WORKER), str(benchmark_dir), benchmark_id]
         self.process = subprocess.Popen(argv,
@@ -249,12 +284,20 @@ def benchmark_id(config: Path, key: Key) -> tuple[Path, str]:
 
 
 def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path], rule: Stopping,
-            max_pairs: int = MAX_PAIRS, budget_s: float = BUDGET_S,
-            progress: Callable[[str], None] | None = None) -> Sampled:
+            max_pairs: int = MAX_PAIRS, budget_s: float | None = BUDGET_S,
+            progress: Callable[[str], None] | None = None, size: bool = True) -> Sampled:
     """Pairs of samples of benchmark combination ``key`` of the asv project at ``config``, base from
     ``targets[0]``, head from ``targets[1]`` (folders the commits are installed in), ``rule.per_process`` from each
     process pair (0: all from one), until ``rule`` stops them (``Stopping.stops``, :func:`pairs_rule` for the gate's)
     or a limit is reached.
+
+    Process pairs are sized from what they cost (:func:`process_pair_size`; with ``size`` False, or
+    ``rule.per_process`` 0, they take ``rule.per_process``): the first process pair's set-up and its first
+    ``PACE_PAIRS`` pairs give the size, and ``rule`` and ``max_pairs`` are scaled with it (``Stopping.sized``: the
+    looks fall on the same numbers of process pairs). ``budget_s`` None: the larger of ``BUDGET_S`` and what
+    ``AUTO_BUDGET_PROCESS_PAIRS`` process pairs cost at that pace. A side whose set-up skips the combination in the
+    first process pair skips it (``Sampled.skipped``, no pairs); in a later one the process pair is replaced, up to
+    ``REFUSED_PROCESS_PAIRS`` times, then sampling stops with the pairs taken.
 
     Raises:
         Failed: a side's benchmark failed to set up or to run, or stopped answering.
@@ -264,30 +307,83 @@ def measure(key: Key, unit: str, config: Path, targets: tuple[Path, Path], rule:
     benchmark_dir, bench_id = benchmark_id(config, key)
     base: list[Measurement] = []
     head: list[Measurement] = []
-    number, start, stopped, nets = 0, None, "", []
+    number, start, stopped, nets, refused = 0, None, "", [], 0
+    set_up = pair_s = 0.0
+    budget = BUDGET_S if budget_s is None else budget_s
     with tempfile.TemporaryDirectory(prefix="harness-pairs-") as cwd:
         while not stopped and len(base) < max_pairs:
+            began = time.perf_counter()
             workers = [_Worker(side, benchmark_dir, bench_id, target, Path(cwd))
                        for side, target in zip(("base", "head"), targets)]
             try:
                 ready = [worker.answer(_READY_S) for worker in workers]
                 skipped = [f"{worker.label}: {said['skip']}" for worker, said in zip(workers, ready)
                            if "skip" in said]
-                if skipped:
+                if skipped and start is None:
                     return Sampled((), (), 0, "skipped", "; ".join(skipped), per_process)
+                if skipped:  # a later process pair: its set-up judged the host (e.g. host-bound), not the commits
+                    refused += 1
+                    if refused > REFUSED_PROCESS_PAIRS:
+                        stopped = f"set-up skipped {refused} times ({'; '.join(skipped)})"
+                    continue
                 nets += [bool(said.get("net", False)) for said in ready]
                 number = number or int(ready[0]["number"]) or int(workers[0].ask(_SAMPLE_S, calibrate=True)["number"])
                 for worker, said in zip(workers, ready):
                     worker.ask(_SAMPLE_S, warm=float(said.get("warmup", 0.1)))
-                start = time.perf_counter() if start is None else start
-                stopped = _sample(workers, name, params, unit, number, (base, head), per_process or max_pairs,
-                                  lambda: _look(base, head, rule, max_pairs, progress),
-                                  start + budget_s)
+                count = per_process or max_pairs
+                if start is None:  # the first process pair: its cost sizes the rest
+                    set_up = time.perf_counter() - began
+                    start = time.perf_counter()
+                    paced = min(PACE_PAIRS, count, max_pairs)
+                    _sample(workers, name, params, unit, number, (base, head), paced, lambda: "", math.inf)
+                    pair_s = (time.perf_counter() - start) / paced
+                    if per_process and size:
+                        per_process = process_pair_size(set_up, pair_s, per_process)
+                        scale = per_process // rule.per_process
+                        rule, max_pairs = rule.sized(per_process), max_pairs * scale
+                    if budget_s is None:
+                        budget = max(BUDGET_S, auto_budget(set_up, pair_s, per_process or max_pairs))
+                    if progress is not None and per_process:
+                        progress(f"process pairs of {per_process} pairs (set-up {set_up:.1f} s, a pair "
+                                 f"{1000 * pair_s:.0f} ms); sampling budget {budget:.0f} s")
+                    count = (per_process or max_pairs) - paced
+                    stopped = _look(base, head, rule, max_pairs, progress)  # a look due among the timed pairs
+                if not stopped and count:
+                    stopped = _sample(workers, name, params, unit, number, (base, head), count,
+                                      partial(_look, base, head, rule, max_pairs, progress), start + budget)
             finally:
                 for worker in workers:
                     worker.close()
     return Sampled(tuple(base), tuple(head), number, stopped or "max pairs", per_process=per_process,
-                   net=bool(nets) and all(nets), seconds=0.0 if start is None else time.perf_counter() - start)
+                   net=bool(nets) and all(nets), seconds=0.0 if start is None else time.perf_counter() - start,
+                   set_up=set_up, pair=pair_s, budget=budget)
+
+
+def process_pair_size(set_up: float, pair: float, least: int = PER_PROCESS) -> int:
+    """Pairs a process pair takes: as many as fit in the time its set-up took (``set_up`` s, both workers ready and
+    warm; ``pair`` s a pair), rounded down to a multiple of ``least``, from ``least`` to ``MOST_PER_PROCESS``: a
+    process pair then spends about as long sampling as starting, at most twice what its sampling alone would cost.
+    The busy loop of the gate's tests (0.4-0.5 s to start, 75-100 ms a pair) keeps ``least``; onjax's JAX step (7-11
+    s, 25-36 ms) takes 200, the ci grid's TensorFlow step on 3 emulated devices (6.6-8.5 s, 1.08 s) 10.
+
+    Raises:
+        InvalidValue: ``least`` below 2 or odd, or a time not a positive finite number.
+    """
+    if least < 2 or least % 2:
+        raise InvalidValue(f"a process pair's least size must be even and at least 2; got {least}")
+    if not (0 < pair < math.inf and 0 <= set_up < math.inf):
+        raise InvalidValue(f"a process pair's set-up and pair times must be finite, the pair's positive; got "
+                           f"set_up={set_up!r}, pair={pair!r}")
+    fits = int(set_up / pair) // least * least
+    return max(least, min(MOST_PER_PROCESS // least * least, fits))
+
+
+def auto_budget(set_up: float, pair: float, per_process: int) -> float:
+    """Seconds of sampling that reach the look at ``AUTO_BUDGET_PROCESS_PAIRS`` process pairs of ``per_process``
+    pairs, at ``set_up`` s to start a process pair and ``pair`` s a pair (the first process pair's set-up is not
+    counted against a budget)."""
+    pairs = AUTO_BUDGET_PROCESS_PAIRS
+    return (pairs - 1) * set_up + pairs * per_process * pair
 
 
 def _look(base: list, head: list, rule: Stopping, max_pairs: int, progress) -> str:
@@ -393,14 +489,15 @@ def install_pair(project: AsvProject, base: str, head: str, folder: Path) -> tup
 
 
 def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path], factor: float,
-            budget_s: float = BUDGET_S, history_noise: Noise | None = None, no_rerun: bool = False,
+            budget_s: float | None = None, history_noise: Noise | None = None, no_rerun: bool = False,
             progress: Callable[[str], None] | None = None, *, see: bool = True, alpha: float = ALPHA) -> Row:
     """Benchmark combination ``key`` of ``project``, base (``targets[0]``) against head (``targets[1]``, folders
     from :func:`install_pair`), judged in interleaved pairs by the gate's rule.
 
     Pairs are taken until the judgment is decided (``benchgate.decided``: its bounds exclude ``factor``; with
     ``see``, a pass also until it could see ``benchgate.sees``, as the gate asks: :func:`pairs_rule`) or
-    ``budget_s`` is spent; ``no_rerun``: judged at the first look. The row's note says how many calls a sample took,
+    ``budget_s`` is spent (None: set from what the pairs cost, :func:`measure`); ``no_rerun``: judged at the first
+    look. The row's note says how many calls a sample took,
     whether run-queue waits were taken out and why sampling stopped ("decided", "budget", "max pairs").
 
     Returns:
@@ -417,8 +514,8 @@ def compare(project: AsvProject, key: Key, unit: str, targets: tuple[Path, Path]
     if sampled.skipped:
         return Row(name, params, unit, math.nan, math.nan, benchgate.Verdict.SKIPPED, None, rounds=(0, 0),
                    note=sampled.skipped, history=history_noise)
-    again = replace(rule, per_process=sampled.per_process).judge(list(sampled.base), list(sampled.head), history_noise,
-                                                                 "interleaved pairs")
+    again = rule.sized(sampled.per_process).judge(list(sampled.base), list(sampled.head), history_noise,
+                                                  "interleaved pairs")
     waits = "; run-queue waits taken out" if sampled.net else ""
     said = f"{again.note}; " if again.note else ""  # e.g. a zero value: no paired bounds
     return replace(again, note=f"{said}{sampled.number} call(s) a sample{waits}; stopped: {sampled.stopped}",

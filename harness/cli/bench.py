@@ -59,6 +59,7 @@ import math
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from harness.ci.benchgate import INCONCLUSIVE_POLICIES
@@ -94,14 +95,16 @@ def add_parser(subparsers) -> None:
                         "judgment's bounds at min(1%%, RATE / combinations judged) (Bonferroni; default 0.05)")
     p.add_argument("--pair-budget", type=float, default=None, metavar="SECONDS",
                    help="seconds of interleaved sampling per time_ benchmark combination at most, new process "
-                        "pairs' set-up counted (default 60)")
+                        "pairs' set-up counted (default: 60, or what 10 process pairs cost where that is more, "
+                        "at the pace the first one measured)")
     p.add_argument("--aa-series", type=int, metavar="N", default=None,
                    help="BASE and HEAD one commit: measure it against itself N times as the gate does and report "
                         "false alarms and what planted 3%%, 5%% and 10%% slow-downs the gate catches, from the real "
                         "judgments and from resampled ones (harness.ci.aaseries); exit 1 when the false alarms' "
                         "upper 95%% bound exceeds 1%%")
     p.add_argument("--aa-pairs", type=int, default=None, metavar="N",
-                   help="--aa-series: interleaved pairs recorded per run and time_ combination (default 400)")
+                   help="--aa-series: interleaved pairs recorded per run and time_ combination at 10 pairs a process "
+                        "pair (default 400); scaled alike where the gate sizes a benchmark's process pairs larger")
     p.add_argument("--resampled", type=int, default=None, metavar="N",
                    help="--aa-series: resampled judgments per combination and planted change (default 10000)")
     p.add_argument("--save-runs", metavar="FILE", help="--aa-series: also write every run's measurements here (JSONL)")
@@ -231,7 +234,7 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
 
             try:
                 again = interleave.compare(project, key, row.unit, targets, args.factor,
-                                           budget_s=args.pair_budget or interleave.BUDGET_S,
+                                           budget_s=args.pair_budget,
                                            history_noise=history.get(key), no_rerun=args.no_rerun,
                                            progress=progress, alpha=getattr(args, "alpha", benchgate.ALPHA))
             except Failed as err:  # the rounds' row stands, saying why it was not timed in pairs
@@ -281,6 +284,11 @@ def _rounds_rule(args):
 def _again(before, after):
     """``after`` (a row judged on more rounds), keeping why ``before`` was not timed in pairs."""
     return after if after.note or not before.note.startswith("not timed in pairs") else replace(after, note=before.note)
+
+
+def _say(key, said: str) -> None:
+    """A line of progress on benchmark combination ``key``, to stderr."""
+    print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)
 
 
 def _label(key) -> str:
@@ -368,7 +376,8 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
                 print(f"harness bench-compare: {_label(key)}: {args.aa_pairs} interleaved pairs", file=sys.stderr,
                       flush=True)
                 sampled = interleave.measure(key, measured[key].unit, project.config, targets,  # type: ignore[arg-type]
-                                             recording, max_pairs=args.aa_pairs, budget_s=float("inf"))
+                                             recording, max_pairs=args.aa_pairs, budget_s=float("inf"),
+                                             progress=partial(_say, key))
                 if not sampled.skipped:
                     run["pairs"][_label(key)] = {"unit": measured[key].unit, "number": sampled.number,
                                                  "per_process": sampled.per_process,

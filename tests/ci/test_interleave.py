@@ -63,6 +63,49 @@ _BENCH = textwrap.dedent('''
                 log.write(f"{os.getpid()} {len(SETUPS)}\\n")
 
 
+    STARTS = []
+
+
+    class SlowStart:
+        """A benchmark whose process takes half a second to set up and 0.5 to 1.5 ms a call."""
+        number = 1
+        warmup_time = 0
+
+        def setup(self):
+            if not STARTS:  # once a process: asv runs setup again before each sample
+                STARTS.append(True)
+                time.sleep(0.5)
+
+        def time_call(self):
+            import random
+            end = time.perf_counter() + random.uniform(0.0005, 0.0015)
+            while time.perf_counter() < end:
+                pass
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(f"{os.getpid()}\\n")
+
+
+    class SkipsLater:
+        """Head's set-up skips the combination in the processes whose numbers (1 the first) are in SKIP_IN."""
+        number = 1
+        warmup_time = 0
+
+        def setup(self):
+            if STARTS:  # once a process
+                return
+            side = Path(os.environ["PYTHONPATH"]).name
+            count = Path(os.environ["PAIR_LOG"] + "." + side)
+            started = len(count.read_text()) + 1 if count.exists() else 1
+            count.write_text("x" * started)
+            STARTS.append(started)
+            if side == "head" and str(started) in os.environ["SKIP_IN"].split(","):
+                raise NotImplementedError(f"host too busy in process {started}")
+
+        def time_call(self):
+            with open(os.environ["PAIR_LOG"], "a") as log:
+                log.write(f"{os.getpid()} {STARTS[0]}\\n")
+
+
     class Broken:
         def setup(self):
             if Path(os.environ["PYTHONPATH"]).name == "head":
@@ -225,10 +268,17 @@ class _Looks:
         self.looks.append(len(base))
         return self.at is not None and len(base) >= self.at
 
+    def sized(self, per_process: int) -> _Looks:
+        self.rule = self.rule.sized(per_process)
+        self.per_process = per_process
+        return self
 
-def _measure(name, targets, rule=None, **limits):
+
+def _measure(name, targets, rule=None, size=False, **limits):
+    """``interleave.measure`` of benchmark ``pairs.NAME.time_call``; process pairs of the rule's size unless ``size``
+    (then sized from their cost)."""
     return interleave.measure((f"pairs.{name}.time_call", ""), "seconds", Path("asv.conf.json"), targets,
-                              rule or _Looks(), **limits)
+                              rule or _Looks(), size=size, **limits)
 
 
 def test_the_two_sides_are_sampled_in_turn_the_order_alternating_pair_by_pair(suite):
@@ -333,8 +383,50 @@ def test_a_process_sets_its_benchmark_up_once_as_asv_does(suite):
 def test_limits_stop_the_sampling(suite):
     _, targets = suite
     assert _measure("Logged", targets, max_pairs=30).stopped == "max pairs"
-    done = _measure("Logged", targets, budget_s=0.0)
-    assert done.stopped == "budget" and len(done.base) == 1
+    done = _measure("Logged", targets, budget_s=0.0)  # the pairs that time a pair come first, whatever the budget
+    assert done.stopped == "budget" and len(done.base) == interleave.PACE_PAIRS + 1
+
+
+def test_a_process_pair_takes_as_many_pairs_as_its_set_up_took_time(suite):
+    # A model benchmark's process takes seconds to set up and milliseconds a pair, and its pairs are far noisier than
+    # its processes are off: process pairs of 10 pairs spent nearly all their time starting processes. This one
+    # starts in about 0.9 s against about 8 ms a pair: about 100 pairs a process pair.
+    folder, targets = suite
+    rule = _Looks(first=20, every=20)
+    done = _measure("SlowStart", targets, rule, size=True, max_pairs=20, budget_s=None)
+    size = done.per_process
+    assert size == interleave.process_pair_size(done.set_up, done.pair) and size > interleave.PER_PROCESS
+    assert done.set_up > 0.5 and 0 < done.pair < 0.1
+    # the rule and the most pairs scaled alike: two process pairs, one look where the rule's would be (2 of them)
+    assert len(done.base) == 2 * size and done.stopped == "max pairs" and rule.looks == [2 * size]
+    pids = (folder / "log").read_text().split()[1::2]  # each sample's timed call (one untimed call before it)
+    groups = [pids[i:i + 2 * size] for i in range(0, len(pids), 2 * size)]
+    assert [len(set(group)) for group in groups] == [2, 2] and len(set(pids)) == 4
+    assert done.budget == max(interleave.BUDGET_S, interleave.auto_budget(done.set_up, done.pair, size))
+    fixed = _measure("SlowStart", targets, _Looks(first=20, every=20), max_pairs=20)
+    assert fixed.per_process == interleave.PER_PROCESS and len(fixed.base) == 20
+
+
+def test_a_later_process_pair_whose_set_up_skips_is_replaced_and_the_pairs_taken_kept(suite, monkeypatch):
+    # A TensorFlow step benchmark of the emulated grid skips where its set-up finds the host too busy for its emulated
+    # devices; beside the other side's set-up it did so in a later process pair, and every pair taken was thrown away.
+    folder, targets = suite
+    monkeypatch.setenv("SKIP_IN", "2")
+    done = _measure("SkipsLater", targets, _Looks(first=20, every=20), max_pairs=30)
+    assert not done.skipped and done.stopped == "max pairs" and len(done.base) == 30
+    processes = [line.split()[1] for line in (folder / "log").read_text().splitlines()][1::2]
+    assert sorted(set(processes)) == ["1", "3", "4"], processes  # the second process pair replaced by the third
+    for side in ("base", "head"):
+        (folder / f"log.{side}").unlink()
+    monkeypatch.setenv("SKIP_IN", ",".join(str(n) for n in range(2, 10)))
+    kept = _measure("SkipsLater", targets, _Looks(first=20, every=20), max_pairs=60)
+    assert not kept.skipped and len(kept.base) == interleave.PER_PROCESS
+    assert kept.stopped == (f"set-up skipped {interleave.REFUSED_PROCESS_PAIRS + 1} times "
+                            "(head: setup skipped this combination)"), kept.stopped
+    (folder / "log.head").write_text("")
+    monkeypatch.setenv("SKIP_IN", "1")
+    first = _measure("SkipsLater", targets, _Looks(first=20, every=20), max_pairs=60)
+    assert first.stopped == "skipped" and first.skipped == "head: setup skipped this combination" and not first.base
 
 
 def test_a_side_that_fails_is_named_and_one_that_skips_is_a_skip(suite):

@@ -316,6 +316,36 @@ def test_the_stopping_rule_looks_when_due_and_names_a_bad_setting():
             benchgate.Stopping(**bad)
 
 
+def test_a_rule_for_larger_process_pairs_looks_at_the_same_process_pairs_at_the_same_levels():
+    from harness.ci import interleave
+
+    rule = interleave.pairs_rule(most=interleave.MAX_PAIRS)
+    big = rule.sized(150)
+    assert (big.per_process, big.first, big.every, big.most) == (150, 600, 300, 30000)
+    looks = [n // 10 for n in range(rule.most + 1) if rule.due(n)]
+    assert looks[:4] == [4, 6, 10, 16]  # process pairs
+    assert [n // 150 for n in range(big.most + 1) if big.due(n)] == looks
+    assert big.looks == rule.looks and big.alpha_at(600) == rule.alpha_at(40)
+    assert rule.sized(10) == rule and rule.sized(0).per_process == 0 and rule.sized(0).first == rule.first
+    with pytest.raises(InvalidValue, match="15 pairs are not a multiple of the rule's 10"):
+        rule.sized(15)
+
+
+def test_a_process_pair_takes_as_many_pairs_as_its_set_up_took_time_in_tens_from_10_to_200():
+    from harness.ci.interleave import MOST_PER_PROCESS, auto_budget, process_pair_size
+
+    assert process_pair_size(0.45, 0.09) == 10  # the gate's busy loop: 5 pairs' time
+    assert process_pair_size(8.2, 1.078) == 10  # the ci grid's TensorFlow step on 3 emulated devices: 7
+    assert process_pair_size(3.0, 0.02) == 150 and process_pair_size(3.1, 0.02) == 150  # rounded down
+    assert process_pair_size(10.6, 0.032) == MOST_PER_PROCESS == 200  # onjax's JAX step: 331
+    assert process_pair_size(0.0, 0.02) == 10 and process_pair_size(1.0, 0.01, least=4) == 100
+    for bad in ({"pair": 0.0}, {"pair": math.inf}, {"set_up": math.nan}, {"least": 3}, {"least": 0}):
+        with pytest.raises(InvalidValue):
+            process_pair_size(**{"set_up": 1.0, "pair": 0.01, **bad})
+    # ten process pairs, the first's set-up not counted: 9 set-ups and 10 x 150 pairs
+    assert auto_budget(3.0, 0.02, 150) == pytest.approx(9 * 3.0 + 1500 * 0.02)
+
+
 def test_an_inconclusive_slow_down_says_the_values_and_the_budget_that_would_resolve_it():
     # Beyond the factor (7.8%, as the planted 5% of benchmarks/onjax.py measured) but its lower bound below no
     # change: the lower bound must clear 1.03x; at the pace it was measured (60 s for its values), that many
