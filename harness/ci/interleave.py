@@ -159,8 +159,9 @@ class _Worker:
     def __init__(self, label: str, benchmark_dir: Path, benchmark_id: str, target: Path, cwd: Path):
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "ASV_PYTHONPATH")}
         env["PYTHONPATH"] = str(target)
-        # JAX compiles each process's programs anew: 2.2 s of onjax's 5.6 s set-up, 0.4 s from a cache the processes
-        # share (the same programs on the same JAX give the same executables; a program that differs compiles anew).
+        # JAX compiles each process's programs anew: 3.5 s of onjax's 5.6 s set-up (the model's initializers, the first
+        # step), 0.4 s from a cache the processes share (the same program on the same JAX gives the same executable; a
+        # program that differs compiles anew).
         # Set-up only: the samples come after the warm-up. A cache the user set is kept.
         env.setdefault("JAX_COMPILATION_CACHE_DIR", str(cwd / "jax-compilation-cache"))
         env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
