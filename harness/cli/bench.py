@@ -228,15 +228,11 @@ def _interleave(args, project, base: str, head: str, rows: list, history: dict) 
         for row in wanted:
             key = (row.name, row.params)
             print(f"harness bench-compare: timing {_label(key)} in interleaved pairs", file=sys.stderr, flush=True)
-
-            def progress(said: str, key=key) -> None:
-                print(f"harness bench-compare: {_label(key)}: {said}", file=sys.stderr, flush=True)
-
             try:
                 again = interleave.compare(project, key, row.unit, targets, args.factor,
                                            budget_s=args.pair_budget,
                                            history_noise=history.get(key), no_rerun=args.no_rerun,
-                                           progress=progress, alpha=getattr(args, "alpha", benchgate.ALPHA))
+                                           progress=partial(_say, key), alpha=getattr(args, "alpha", benchgate.ALPHA))
             except Failed as err:  # the rounds' row stands, saying why it was not timed in pairs
                 judged[key] = replace(row, note=f"not timed in pairs: {err}")
                 continue
@@ -373,8 +369,7 @@ def _aa_runs(args, project, commit: str) -> list[dict]:
             if timed and targets is None:
                 targets = interleave.install_pair(project, commit, commit, Path(folder))
             for key in timed:
-                print(f"harness bench-compare: {_label(key)}: {args.aa_pairs} interleaved pairs", file=sys.stderr,
-                      flush=True)
+                _say(key, f"{args.aa_pairs} interleaved pairs (at 10 a process pair: scaled with their size)")
                 sampled = interleave.measure(key, measured[key].unit, project.config, targets,  # type: ignore[arg-type]
                                              recording, max_pairs=args.aa_pairs, budget_s=float("inf"),
                                              progress=partial(_say, key))
